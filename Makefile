@@ -1,0 +1,29 @@
+# The two commands of the README: `make run` and `make test`. Both bootstrap what they need.
+SHELL := /bin/bash
+VENV := .venv
+PYTEST_ARGS ?=
+
+.PHONY: run test bootstrap lint bench clean
+
+bootstrap:
+	@scripts/bootstrap.sh
+
+run: bootstrap
+	$(VENV)/bin/notebookos up $(ARGS)
+
+test:
+	@scripts/bootstrap.sh --browser
+	$(VENV)/bin/ruff check jupyter_notebookos tests benchmarks
+	$(VENV)/bin/mypy jupyter_notebookos
+	$(VENV)/bin/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: bootstrap
+	$(VENV)/bin/ruff check jupyter_notebookos tests benchmarks
+	$(VENV)/bin/ruff format --check jupyter_notebookos tests benchmarks
+	$(VENV)/bin/mypy jupyter_notebookos
+
+bench: bootstrap
+	@for b in benchmarks/*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .venv-lab .state build *.egg-info

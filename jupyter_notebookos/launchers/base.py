@@ -1,0 +1,81 @@
+"""The launcher interface: how a replica process comes to exist on a host, and how it goes away.
+
+A launcher only starts and stops replicas. It does not talk Jupyter: a started replica binds its own ZMQ ports
+and registers its connection info in etcd under its own lease (see ``coordination.keys``), and the replica
+router reads it from there. That keeps the local launcher (processes on simulated hosts) and the Kubernetes
+launcher (one pod per replica) interchangeable for every caller.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass, field
+
+from traitlets.config import LoggingConfigurable
+
+
+class ReplicaPhase(enum.Enum):
+    """What the launcher knows about a replica's process or pod."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    EXITED = "exited"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """Everything a launcher needs to start one replica of a kernel on one host."""
+
+    kernel_id: str
+    replica_id: str
+    host: str
+    kernel_name: str
+    env: dict[str, str] = field(default_factory=dict)
+    # The kernelspec's process_proxy config (image, resources, ...), as Enterprise Gateway passes it.
+    config: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReplicaHandle:
+    """A started replica, as the launcher can find it again (also after a gateway restart)."""
+
+    kernel_id: str
+    replica_id: str
+    host: str
+    pid: int | None = None
+    pod: str | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    """The launcher's view of a replica: its phase, and why, when it is not running."""
+
+    phase: ReplicaPhase
+    reason: str = ""
+
+
+class LaunchError(RuntimeError):
+    """A replica could not be started; the message says why and what to do."""
+
+
+class Launcher(LoggingConfigurable, abc.ABC):
+    """Starts and stops replica processes (or pods) on hosts."""
+
+    @abc.abstractmethod
+    async def start_replica(self, spec: ReplicaSpec) -> ReplicaHandle:
+        """Start one replica on ``spec.host`` and return at once; it registers itself in etcd when ready."""
+
+    @abc.abstractmethod
+    async def stop_replica(self, handle: ReplicaHandle, *, now: bool = False) -> None:
+        """Stop a replica: politely (SIGTERM, pod deletion with grace) unless ``now``."""
+
+    @abc.abstractmethod
+    async def status(self, handle: ReplicaHandle) -> ReplicaStatus:
+        """Whether the replica's process or pod is still there, and if not, why."""
+
+    @abc.abstractmethod
+    async def find_replicas(self, kernel_id: str) -> list[ReplicaHandle]:
+        """The replicas of a kernel that still exist (used to re-attach after a gateway restart)."""
