@@ -1,5 +1,193 @@
-"""The `notebookos` console script."""
+"""The ``notebookos`` console script: ``up``, ``status`` and ``simulate``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from jupyter_notebookos import __version__
 
 
-def main() -> None:
-    raise SystemExit("notebookos: not implemented yet")
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _int(text)
+    if not 0 <= value < 65536:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (0 picks a free one)")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="notebookos", description="NotebookOS: GPU-efficient replicated notebook kernels."
+    )
+    parser.add_argument("--version", action="version", version=f"notebookos {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{up,status,simulate}")
+    sub.required = True
+
+    up = sub.add_parser("up", help="run the embedded platform (etcd, gateway, JupyterLab) in the foreground")
+    up.add_argument("--hosts", type=_positive_int, default=4, help="simulated hosts (default 4)")
+    up.add_argument(
+        "--gpus-per-host", type=_non_negative_int, default=8,
+        help="simulated GPUs per host (default 8; real GPUs found by NVML are used instead)",
+    )
+    up.add_argument("--port", type=_port, default=8888, help="gateway port on 127.0.0.1 (default 8888)")
+    lab = up.add_mutually_exclusive_group()
+    lab.add_argument("--lab-port", type=_port, default=8889, help="JupyterLab port (default 8889)")
+    lab.add_argument("--no-lab", action="store_true", help="do not start JupyterLab")
+    up.add_argument("--etcd-members", type=int, choices=(1, 3), default=1, help="etcd cluster size (1 or 3)")
+    up.add_argument("--state-dir", type=Path, default=Path(".state"), help="local state (default ./.state)")
+    up.add_argument("--notebook-dir", type=Path, default=Path.cwd(), help="JupyterLab's root directory")
+
+    status = sub.add_parser("status", help="hosts, GPUs and kernels of a running platform")
+    status.add_argument("--url", help="gateway URL (default: the one `notebookos up` in --state-dir started)")
+    status.add_argument("--token", help="gateway auth token (default: $NOTEBOOKOS_TOKEN or the state dir's)")
+    status.add_argument("--state-dir", type=Path, default=Path(".state"), help="state dir of `notebookos up`")
+    status.add_argument("--json", action="store_true", help="print the cluster as JSON")
+
+    simulate = sub.add_parser("simulate", help="trace-driven simulation of NotebookOS and its baselines")
+    try:
+        from jupyter_notebookos.simulator.cli import add_arguments
+    except ImportError:  # pragma: no cover - while the simulator is being written
+        pass
+    else:
+        add_arguments(simulate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script."""
+    args = build_parser().parse_args(argv)
+    if args.command == "up":
+        return cmd_up(args)
+    if args.command == "status":
+        return cmd_status(args)
+    from jupyter_notebookos.simulator.cli import run
+
+    return run(args)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """``notebookos up``."""
+    from jupyter_notebookos.embedded.platform import EmbeddedPlatform, PlatformError, UpOptions
+
+    options = UpOptions(
+        hosts=args.hosts,
+        gpus_per_host=args.gpus_per_host,
+        port=args.port,
+        lab_port=args.lab_port,
+        lab=not args.no_lab,
+        etcd_members=args.etcd_members,
+        state_dir=args.state_dir,
+        notebook_dir=args.notebook_dir,
+    )
+    try:
+        return EmbeddedPlatform(options).run()
+    except PlatformError as err:
+        print(f"notebookos up: {err}", file=sys.stderr)
+        return 1
+
+
+def _runtime(state_dir: Path) -> dict[str, Any]:
+    from jupyter_notebookos.embedded.platform import RUNTIME_FILE
+
+    try:
+        return dict(json.loads((state_dir / RUNTIME_FILE).read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """``notebookos status``."""
+    runtime = _runtime(args.state_dir)
+    url = (args.url or runtime.get("gateway_url") or "").rstrip("/")
+    if not url:
+        print(
+            f"notebookos status: no running `notebookos up` in {args.state_dir.resolve()}; give --url",
+            file=sys.stderr,
+        )
+        return 1
+    token = args.token or os.environ.get("NOTEBOOKOS_TOKEN") or runtime.get("token")
+    request = urllib.request.Request(f"{url}/api/notebookos/cluster")
+    if token:
+        request.add_header("Authorization", f"token {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            cluster = json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        hint = " (wrong or missing --token)" if err.code in (401, 403) else ""
+        print(f"notebookos status: {url} answered HTTP {err.code}{hint}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        print(f"notebookos status: cannot reach the gateway at {url}: {reason}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(cluster, indent=2))
+    else:
+        print_cluster(cluster, Console(highlight=False))
+    return 0
+
+
+def print_cluster(cluster: dict[str, Any], console: Console) -> None:
+    """The cluster as readable tables: hosts, then kernels, then the queue."""
+    hosts = Table(title="Hosts")
+    for column in ("host", "GPUs", "committed", "pending", "idle", "replicas", "kind"):
+        hosts.add_column(column, justify="left" if column in ("host", "kind") else "right")
+    for h in cluster.get("hosts", []):
+        hosts.add_row(
+            str(h["name"]), str(h["gpus"]), str(h["gpus_committed"]), str(h["gpus_pending"]),
+            str(h["gpus"] - h["gpus_committed"]), str(h["replicas"]),
+            "simulated" if h.get("simulated") else "real GPUs",
+        )
+    console.print(hosts)
+    console.print(f"Subscription ratio: {cluster.get('subscription_ratio', 0):.2f}")
+    kernels = cluster.get("kernels", [])
+    if kernels:
+        table = Table(title="Kernels")
+        for column in ("kernel", "replicas", "executor", "GPUs/cell", "state"):
+            table.add_column(column)
+        for k in kernels:
+            table.add_row(
+                str(k.get("kernel_id")), ", ".join(str(r) for r in k.get("replicas", [])),
+                str(k.get("executor") or "-"), str(k.get("gpus", "")), str(k.get("state", "")),
+            )
+        console.print(table)
+    else:
+        console.print("No NotebookOS kernels.")
+    queue = cluster.get("queue", [])
+    if queue:
+        console.print(f"Queued cells: {len(queue)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,340 @@
+"""``notebookos up``: the whole platform on one machine, in the foreground.
+
+Starts, in order: a local etcd (1 or 3 members), the NotebookOS gateway, and JupyterLab from ``.venv-lab``
+pointed at the gateway with ``--gateway-url``. Ctrl-C or SIGTERM stops everything it started, in reverse
+order; the gateway shuts its kernels (and their replica processes) down first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from rich.console import Console
+from rich.table import Table
+
+from jupyter_notebookos.embedded.etcd import EtcdCluster, EtcdClusterError
+
+RUNTIME_FILE = "runtime.json"
+
+
+class PlatformError(RuntimeError):
+    """``notebookos up`` cannot go on; the message is one line that says why and what to do."""
+
+
+@dataclass
+class UpOptions:
+    """The options of ``notebookos up``."""
+
+    hosts: int = 4
+    gpus_per_host: int = 8
+    port: int = 8888
+    lab_port: int = 8889
+    lab: bool = True
+    etcd_members: int = 1
+    state_dir: Path = field(default_factory=lambda: Path(".state"))
+    notebook_dir: Path = field(default_factory=Path.cwd)
+    start_timeout: float = 60.0
+
+
+def lab_python() -> Path:
+    """The Python of ``.venv-lab`` (JupyterLab 4 + Notebook 7), beside the gateway's ``.venv``."""
+    override = os.environ.get("NOTEBOOKOS_LAB_PYTHON")
+    if override:
+        return Path(override)
+    return Path(sys.prefix).resolve().parent / ".venv-lab" / "bin" / "python"
+
+
+def port_in_use(port: int) -> bool:
+    """Whether something on this machine already listens on 127.0.0.1:``port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_http(url: str, *, process: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
+    """Wait until ``url`` answers (any HTTP status) or fail with the end of ``log`` if ``process`` died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise PlatformError(f"{log.stem} exited with code {process.returncode}:\n{tail(log)}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except urllib.error.HTTPError:
+            return  # it answers; auth errors are fine here
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+    raise PlatformError(f"{log.stem} did not answer at {url} within {timeout:.0f} s:\n{tail(log)}")
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a log file, indented, for error messages."""
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return "    (no log)"
+    return "\n".join("    " + line for line in text)
+
+
+class EmbeddedPlatform:
+    """The processes of one ``notebookos up``, started and stopped together."""
+
+    def __init__(self, options: UpOptions, console: Console | None = None) -> None:
+        self.options = options
+        self.console = console or Console(highlight=False)
+        self.state_dir = options.state_dir.resolve()
+        self.token = secrets.token_hex(24)
+        self.lab_token = secrets.token_hex(24)
+        self.etcd: EtcdCluster | None = None
+        self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self._lock: IO[str] | None = None
+        self._stopping = False
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start everything, wait for a signal or a child's death, stop everything. The exit code."""
+        began = time.monotonic()
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            self.start()
+            self.console.print(f"[green]NotebookOS is up[/] in {time.monotonic() - began:.1f} s")
+            self.print_urls()
+            return self.wait()
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            self.stop()
+
+    def start(self) -> None:
+        """Check the preconditions, then start etcd, the gateway and JupyterLab."""
+        opts = self.options
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._acquire_lock()
+        for name, port in self._ports():
+            if port and port_in_use(port):
+                raise PlatformError(
+                    f"port {port} ({name}) is already in use on 127.0.0.1; choose another with "
+                    f"--{name.replace(' ', '-')} or stop what uses it"
+                )
+        if opts.lab and not lab_python().exists():
+            raise PlatformError(
+                f"JupyterLab's environment is missing ({lab_python()}); run `make run` (it bootstraps "
+                "it), or use --no-lab"
+            )
+        if opts.port == 0:
+            opts.port = free_port()
+        if opts.lab and opts.lab_port == 0:
+            opts.lab_port = free_port()
+
+        try:
+            self.etcd = EtcdCluster(self.state_dir / "etcd", members=opts.etcd_members)
+            self.console.print(f"etcd: starting a {self.etcd.description}")
+            self.etcd.start()
+        except EtcdClusterError as err:
+            raise PlatformError(str(err)) from err
+
+        gateway_log = self.state_dir / "gateway.log"
+        gateway = self._spawn("gateway", self._gateway_command(), self._gateway_env(), gateway_log)
+        wait_http(f"{self.gateway_url}/api", process=gateway, timeout=opts.start_timeout, log=gateway_log)
+        self.console.print(f"gateway: {self.gateway_url} (log {gateway_log})")
+
+        if opts.lab:
+            lab_log = self.state_dir / "jupyterlab.log"
+            lab = self._spawn("jupyterlab", self._lab_command(), self._lab_env(), lab_log)
+            wait_http(f"{self.lab_url}/api", process=lab, timeout=opts.start_timeout, log=lab_log)
+            self.console.print(f"jupyterlab: {self.lab_url} (log {lab_log})")
+        self._write_runtime_file()
+
+    def wait(self) -> int:
+        """Block until a signal arrives (exit 0) or a child dies (exit 1, with its log's end)."""
+        while not self._stopping:
+            for name, child in self.children:
+                if child.poll() is not None:
+                    log = self.state_dir / f"{name}.log"
+                    self.console.print(f"[red]{name} exited with code {child.returncode}[/]\n{tail(log)}")
+                    return 1
+            time.sleep(0.2)
+        return 0
+
+    def stop(self) -> None:
+        """Stop everything this platform started, newest first; nothing is left behind."""
+        self._stopping = True
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for name, child in reversed(self.children):
+            self._terminate(name, child)
+        self.children.clear()
+        if self.etcd is not None:
+            self.etcd.stop()
+            self.etcd = None
+        with contextlib.suppress(FileNotFoundError):
+            (self.state_dir / RUNTIME_FILE).unlink()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    # -- pieces -------------------------------------------------------------------------------------
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.options.port}"
+
+    @property
+    def lab_url(self) -> str:
+        return f"http://127.0.0.1:{self.options.lab_port}"
+
+    def _ports(self) -> list[tuple[str, int]]:
+        ports = [("port", self.options.port)]
+        if self.options.lab:
+            ports.append(("lab port", self.options.lab_port))
+        return ports
+
+    def _acquire_lock(self) -> None:
+        lock = open(self.state_dir / "up.lock", "a+")  # noqa: SIM115 - held for the platform's life
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise PlatformError(
+                f"another `notebookos up` is running on state dir {self.state_dir}; stop it first or "
+                "use --state-dir"
+            ) from None
+        self._lock = lock
+
+    def _gateway_command(self) -> list[str]:
+        opts = self.options
+        return [
+            sys.executable,
+            "-m",
+            "jupyter_notebookos.gateway",
+            "--ip=127.0.0.1",
+            f"--port={opts.port}",
+            "--port_retries=0",
+            f"--NotebookOSGatewayApp.simulated_hosts={opts.hosts}",
+            f"--NotebookOSGatewayApp.gpus_per_host={opts.gpus_per_host}",
+            f"--NotebookOSGatewayApp.state_dir={self.state_dir}",
+        ]
+
+    def _gateway_env(self) -> dict[str, str]:
+        assert self.etcd is not None
+        env = dict(os.environ)
+        env.update(
+            EG_AUTH_TOKEN=self.token,
+            EG_LIST_KERNELS="True",
+            # The embedded platform runs every kernel as the user who runs `notebookos up` (no
+            # impersonation), so EG's default refusal of `root` would only stop root from using it.
+            EG_UNAUTHORIZED_USERS="",
+            NOTEBOOKOS_ETCD_ENDPOINTS=",".join(self.etcd.endpoints),
+            NOTEBOOKOS_STATE_DIR=str(self.state_dir),
+            PYTHONUNBUFFERED="1",
+        )
+        return env
+
+    def _lab_command(self) -> list[str]:
+        opts = self.options
+        return [
+            str(lab_python()),
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={opts.lab_port}",
+            "--port-retries=0",
+            f"--ServerApp.root_dir={opts.notebook_dir.resolve()}",
+            f"--IdentityProvider.token={self.lab_token}",
+            f"--gateway-url={self.gateway_url}",
+            f"--GatewayClient.auth_token={self.token}",
+            "--GatewayClient.request_timeout=120",
+            "--allow-root",
+        ]
+
+    def _lab_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONHOME"))}
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def _spawn(self, name: str, command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        out = open(log, "ab")  # noqa: SIM115 - the child keeps it
+        try:
+            child = subprocess.Popen(
+                command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            out.close()
+        self.children.append((name, child))
+        return child
+
+    def _terminate(self, name: str, child: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+        if child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGTERM)
+            try:
+                child.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.console.print(f"{name} did not stop within {timeout:.0f} s: killing it")
+        # Whatever the child started in its session (kernels, replicas) goes with it.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(5)
+
+    def _write_runtime_file(self) -> None:
+        runtime = {
+            "gateway_url": self.gateway_url,
+            "token": self.token,
+            "lab_url": f"{self.lab_url}/lab?token={self.lab_token}" if self.options.lab else None,
+            "etcd_endpoints": self.etcd.endpoints if self.etcd else [],
+            "pid": os.getpid(),
+        }
+        path = self.state_dir / RUNTIME_FILE
+        path.write_text(json.dumps(runtime, indent=2))
+        path.chmod(0o600)
+
+    def print_urls(self) -> None:
+        table = Table(show_header=False, box=None)
+        table.add_row("Gateway", self.gateway_url)
+        table.add_row("Gateway token", self.token)
+        if self.etcd is not None:
+            table.add_row("etcd", f"{','.join(self.etcd.endpoints)}  ({self.etcd.description})")
+        if self.options.lab:
+            table.add_row("JupyterLab", f"{self.lab_url}/lab?token={self.lab_token}")
+        table.add_row("Status", f"notebookos status --state-dir {self.state_dir}")
+        self.console.print(table)
+        if self.options.lab:
+            self.console.print(
+                "Open the JupyterLab URL and pick the [bold]Python 3 (NotebookOS)[/] kernel. Ctrl-C stops all."
+            )
+        else:
+            self.console.print(
+                f"Clients: --gateway-url {self.gateway_url} --GatewayClient.auth_token <token>. Ctrl-C stops all."
+            )
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._stopping = True
+

@@ -1,0 +1,165 @@
+"""The NotebookOS gateway application: Enterprise Gateway 3.3 with our platform inside.
+
+``NotebookOSGatewayApp`` is an ``EnterpriseGatewayApp``: EG's REST and websocket API stay as they are (plain
+kernelspecs keep working), and we add
+
+- ``/api/notebookos/*`` and ``/metrics`` (same token auth as EG's API),
+- a kernel-channels websocket handler that sets TCP_NODELAY and survives JupyterLab's reconnects
+  (:mod:`jupyter_notebookos.gateway.websocket`),
+- the platform (:class:`~jupyter_notebookos.gateway.platform.GatewayPlatform`): the cluster model, etcd,
+  the launcher and the replica routers of NotebookOS kernels.
+
+Every knob is a traitlet, so ``c.NotebookOSGatewayApp.x`` in ``etc/jupyter/notebookos_config.py`` and
+``--NotebookOSGatewayApp.x=...`` on the command line both reach it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from enterprise_gateway.enterprisegatewayapp import EnterpriseGatewayApp
+from jupyter_server.utils import url_path_join
+from tornado import ioloop
+from traitlets import Integer, List, Unicode, default, validate
+from traitlets import TraitError
+
+from jupyter_notebookos.gateway.handlers import notebookos_handlers
+from jupyter_notebookos.gateway.platform import GatewayPlatform
+
+try:  # the stale-session fix and TCP_NODELAY (see that module's docstring)
+    from jupyter_notebookos.gateway.websocket import handler_overrides
+except ImportError:  # pragma: no cover - only while the module is being written
+    def handler_overrides() -> list[tuple[str, type]]:
+        return []
+
+
+class NotebookOSGatewayApp(EnterpriseGatewayApp):
+    """Enterprise Gateway with NotebookOS's replicated kernels, scheduler and REST API."""
+
+    name = "notebookos-gateway"
+    description = "NotebookOS: GPU-efficient replicated notebook kernels on Jupyter Enterprise Gateway"
+
+    etcd_endpoints = List(
+        Unicode(),
+        config=True,
+        help="etcd client endpoints (host:port), e.g. ['127.0.0.1:2379']. Env: NOTEBOOKOS_ETCD_ENDPOINTS "
+        "(comma-separated).",
+    )
+
+    @default("etcd_endpoints")
+    def _etcd_endpoints_default(self) -> list[str]:
+        raw = os.environ.get("NOTEBOOKOS_ETCD_ENDPOINTS", "127.0.0.1:2379")
+        return [e.strip() for e in raw.split(",") if e.strip()]
+
+    etcd_prefix = Unicode(
+        "/notebookos", config=True, help="Key prefix of everything NotebookOS stores in etcd."
+    )
+
+    etcd_timeout = Integer(
+        5, config=True, help="Seconds an etcd call may take before it fails with a clear error."
+    )
+
+    simulated_hosts = Integer(
+        4,
+        config=True,
+        help="Embedded mode: number of simulated hosts (each runs replica processes on this machine).",
+    )
+
+    gpus_per_host = Integer(
+        8,
+        config=True,
+        help="Embedded mode: simulated GPUs per host (real GPUs found by NVML are used instead where present).",
+    )
+
+    state_dir = Unicode(
+        config=True, help="Directory for the platform's local state (object store, logs). Env: NOTEBOOKOS_STATE_DIR."
+    )
+
+    @default("state_dir")
+    def _state_dir_default(self) -> str:
+        return os.environ.get("NOTEBOOKOS_STATE_DIR", os.path.join(os.getcwd(), ".state"))
+
+    object_store_url = Unicode(
+        config=True,
+        help="fsspec URL of the object store for large buffers and checkpoints. Default: file:// under the "
+        "state dir. Env: NOTEBOOKOS_OBJECT_STORE_URL.",
+    )
+
+    @default("object_store_url")
+    def _object_store_url_default(self) -> str:
+        return os.environ.get(
+            "NOTEBOOKOS_OBJECT_STORE_URL", "file://" + os.path.join(os.path.abspath(self.state_dir), "objects")
+        )
+
+    @validate("simulated_hosts")
+    def _validate_hosts(self, proposal: Any) -> int:
+        if proposal["value"] < 1:
+            raise TraitError(f"simulated_hosts must be at least 1, not {proposal['value']}")
+        return int(proposal["value"])
+
+    @validate("gpus_per_host")
+    def _validate_gpus(self, proposal: Any) -> int:
+        if proposal["value"] < 0:
+            raise TraitError(f"gpus_per_host must be 0 or more, not {proposal['value']}")
+        return int(proposal["value"])
+
+    @validate("etcd_endpoints")
+    def _validate_endpoints(self, proposal: Any) -> list[str]:
+        endpoints = list(proposal["value"])
+        if not endpoints:
+            raise TraitError("etcd_endpoints is empty: give at least one host:port")
+        for endpoint in endpoints:
+            host, sep, port = endpoint.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise TraitError(f"etcd endpoint {endpoint!r} is not host:port")
+        return endpoints
+
+    def init_configurables(self) -> None:
+        super().init_configurables()
+        self.platform = GatewayPlatform(
+            etcd_endpoints=self.etcd_endpoints,
+            etcd_prefix=self.etcd_prefix,
+            etcd_timeout=float(self.etcd_timeout),
+            simulated_hosts=self.simulated_hosts,
+            gpus_per_host=self.gpus_per_host,
+            state_dir=self.state_dir,
+            object_store_url=self.object_store_url,
+            log=self.log,
+        )
+
+    def _create_request_handlers(self) -> list[tuple]:
+        """EG's handlers, with our API first and EG's channels handler replaced by ours."""
+        ours = [(url_path_join("/", self.base_url, pattern), cls) for pattern, cls in notebookos_handlers()]
+        overrides = {url_path_join("/", self.base_url, p): cls for p, cls in handler_overrides()}
+        handlers: list[tuple] = []
+        for pattern, *rest in super()._create_request_handlers():
+            if pattern in overrides:
+                rest = [overrides[pattern], *rest[1:]]
+            handlers.append((pattern, *rest))
+        return ours + handlers
+
+    def init_webapp(self) -> None:
+        super().init_webapp()
+        self.web_app.settings["notebookos_platform"] = self.platform
+
+    def start(self) -> None:
+        """Connect to etcd and start the platform, then serve (EG's start runs the IO loop)."""
+        loop = ioloop.IOLoop.current()
+        try:
+            loop.run_sync(self.platform.start)
+        except Exception as err:  # noqa: BLE001 - the message is what the operator needs
+            self.log.critical("NotebookOS could not start: %s", err)
+            sys.exit(1)
+        super().start()
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        try:
+            ioloop.IOLoop.current().run_sync(self.platform.stop)
+        except Exception as err:  # noqa: BLE001 - shutting down: report and go on
+            self.log.warning("NotebookOS platform did not stop cleanly: %s", err)
+
+
+launch_instance = NotebookOSGatewayApp.launch_instance

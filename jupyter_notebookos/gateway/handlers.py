@@ -1,0 +1,54 @@
+"""Our REST endpoints beside Enterprise Gateway's: ``/api/notebookos/*`` and ``/metrics``.
+
+They use Enterprise Gateway's own token authorization, CORS and JSON-error mixins, so a client that can
+reach ``/api/kernels`` reaches these with the same token, and errors look like EG's.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from enterprise_gateway.mixins import CORSMixin, JSONErrorsMixin, TokenAuthorizationMixin
+from jupyter_server.base.handlers import APIHandler
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+
+
+class _NotebookOSHandler(TokenAuthorizationMixin, CORSMixin, JSONErrorsMixin, APIHandler):
+    """Base of our API handlers: EG's auth, CORS and JSON errors."""
+
+    @property
+    def platform(self) -> Any:
+        """The gateway's :class:`~jupyter_notebookos.gateway.platform.GatewayPlatform`."""
+        return self.settings["notebookos_platform"]
+
+    def write_json(self, payload: object, status: int = 200) -> None:
+        """Finish the request with ``payload`` as JSON."""
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(payload))
+
+
+class ClusterHandler(_NotebookOSHandler):
+    """``GET /api/notebookos/cluster``: hosts, GPUs, the subscription ratio and the kernels."""
+
+    async def get(self) -> None:
+        self.write_json(self.platform.cluster_snapshot())
+
+
+class MetricsHandler(_NotebookOSHandler):
+    """``GET /metrics``: Prometheus text format, behind the same token as the rest of the API."""
+
+    async def get(self) -> None:
+        self.platform.refresh_metrics()
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(generate_latest(self.platform.metrics.registry))
+
+
+def notebookos_handlers() -> list[tuple[str, type]]:
+    """Our URL patterns (relative to ``base_url``) and their handlers."""
+    return [
+        (r"/api/notebookos/cluster", ClusterHandler),
+        (r"/metrics", MetricsHandler),
+    ]

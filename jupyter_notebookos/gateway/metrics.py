@@ -1,0 +1,75 @@
+"""Prometheus metrics of the gateway, in one registry served at ``/metrics``.
+
+Gauges that describe the cluster are refreshed from the platform's model just before each scrape (cheap:
+the model is in memory), so they can never drift from what ``/api/notebookos/cluster`` shows.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Interactivity delay buckets (ms): a cell that starts within 1 s is "immediate" for users.
+QUEUED_MS_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000)
+
+
+class PlatformMetrics:
+    """Every metric the gateway exports."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.hosts = Gauge("notebookos_hosts", "Hosts in the cluster", registry=self.registry)
+        self.gpus = Gauge(
+            "notebookos_gpus",
+            "GPUs per host by state: idle, pending (requested by replicas on the host), committed (running a cell)",
+            ["host", "state"],
+            registry=self.registry,
+        )
+        self.subscription_ratio = Gauge(
+            "notebookos_subscription_ratio",
+            "Cluster subscription ratio: GPUs requested by kernels' replicas per GPU per replica",
+            registry=self.registry,
+        )
+        self.kernels = Gauge("notebookos_kernels", "NotebookOS kernels running", registry=self.registry)
+        self.replicas = Gauge(
+            "notebookos_replicas", "Replicas per host", ["host"], registry=self.registry
+        )
+        self.queued_cells = Gauge(
+            "notebookos_queued_cells", "Cells waiting for GPUs", registry=self.registry
+        )
+        self.queued_ms = Histogram(
+            "notebookos_cell_queued_milliseconds",
+            "Interactivity delay: from a cell's arrival at the gateway to the start of its execution",
+            buckets=QUEUED_MS_BUCKETS,
+            registry=self.registry,
+        )
+        self.cells = Counter(
+            "notebookos_cells", "Cells executed, by outcome", ["outcome"], registry=self.registry
+        )
+        self.gpu_seconds_used = Counter(
+            "notebookos_gpu_seconds_used",
+            "GPU-seconds committed to running cells",
+            registry=self.registry,
+        )
+        self.gpu_seconds_reserved = Gauge(
+            "notebookos_gpu_seconds_if_reserved",
+            "GPU-seconds that reserving each kernel's GPUs for its whole life would have held so far",
+            registry=self.registry,
+        )
+        self.migrations = Counter(
+            "notebookos_migrations",
+            "Replica migrations, by reason and outcome",
+            ["reason", "outcome"],
+            registry=self.registry,
+        )
+        self.migration_seconds = Histogram(
+            "notebookos_migration_seconds",
+            "Duration of replica migrations",
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+            registry=self.registry,
+        )
+        self.scaling_events = Counter(
+            "notebookos_scaling_events",
+            "Autoscaler actions, by direction (out, in)",
+            ["direction"],
+            registry=self.registry,
+        )
