@@ -1,0 +1,108 @@
+"""The workload a simulation replays: sessions (notebook kernels) and their tasks (GPU cells).
+
+Times are seconds of trace time, counted from the start of the trace. A `Session` carries its life
+(`start_s`, `end_s`): the interval during which its kernel exists. Readers that know the life (the JSON
+template) set it; for the job-list CSV it is unknown, readers set it to the first submission and the last
+end, and `culling.apply_idle_culling` widens it (see that module).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One training event: a cell that needs `gpus` GPUs for `duration_s` seconds once it starts."""
+
+    submit_s: float
+    duration_s: float
+    gpus: int
+
+    @property
+    def end_s(self) -> float:
+        """When the task would end if it started at submission (no delay)."""
+        return self.submit_s + self.duration_s
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """A notebook session: one kernel, its GPU request and its tasks in submission order.
+
+    `gpus` is the kernel's GPU request (what Reservation holds for the whole life): the maximum over its
+    tasks. `life_known` says whether `start_s`/`end_s` came from the input (True) or were derived from the
+    tasks (False), in which case the idle-culling model may widen them.
+    """
+
+    session_id: str
+    tasks: tuple[Task, ...]
+    start_s: float
+    end_s: float
+    life_known: bool = False
+    gpus: int = field(default=0)
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ValueError(f"session {self.session_id} has no tasks")
+        if self.gpus <= 0:
+            object.__setattr__(self, "gpus", max(t.gpus for t in self.tasks))
+
+    @classmethod
+    def from_tasks(cls, session_id: str, tasks: tuple[Task, ...]) -> Session:
+        """A session whose life is exactly its tasks' span (first submission to last end)."""
+        return cls(
+            session_id=session_id,
+            tasks=tasks,
+            start_s=min(t.submit_s for t in tasks),
+            end_s=max(t.end_s for t in tasks),
+        )
+
+    def with_life(self, start_s: float, end_s: float) -> Session:
+        """The same session with another life interval."""
+        return replace(self, start_s=start_s, end_s=end_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A named set of sessions, the input of one simulation run."""
+
+    name: str
+    sessions: tuple[Session, ...]
+
+    @property
+    def tasks(self) -> int:
+        """Number of tasks in all sessions."""
+        return sum(len(s.tasks) for s in self.sessions)
+
+    @property
+    def span_s(self) -> tuple[float, float]:
+        """(earliest session start, latest session end)."""
+        if not self.sessions:
+            return (0.0, 0.0)
+        return (min(s.start_s for s in self.sessions), max(s.end_s for s in self.sessions))
+
+    def busy_gpu_seconds(self) -> float:
+        """Sum over tasks of GPUs x duration: the busy GPU-time any policy must deliver."""
+        return sum(t.gpus * t.duration_s for s in self.sessions for t in s.tasks)
+
+
+def clip_to_window(workload: Workload, start_s: float, end_s: float, warmup_s: float) -> Workload:
+    """The part of `workload` a simulation of the window [start_s, end_s) needs.
+
+    Keeps tasks submitted before `end_s` that are still running at `start_s - warmup_s` or later, and
+    sessions alive in that interval with at least one kept task, their life clipped to begin no earlier than
+    `start_s - warmup_s`. The warm-up lets the cluster fill up before measuring starts; tasks that ended
+    before it cannot affect the window and are dropped. A session alive in the window whose kept tasks are
+    all outside it still holds GPUs under Reservation, so it is kept as long as one task is kept.
+    """
+    horizon = start_s - warmup_s
+    kept: list[Session] = []
+    for session in workload.sessions:
+        if session.end_s <= horizon or session.start_s >= end_s:
+            continue
+        tasks = tuple(t for t in session.tasks if t.submit_s < end_s and t.end_s > horizon)
+        if not tasks:
+            continue
+        start = min(max(session.start_s, horizon), tasks[0].submit_s)
+        kept.append(replace(session, tasks=tasks, start_s=start))
+    return Workload(name=workload.name, sessions=tuple(kept))
