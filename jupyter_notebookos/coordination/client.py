@@ -1,0 +1,399 @@
+"""``Coordinator``: the project's one door to etcd.
+
+One :class:`Coordinator` per process holds one gRPC channel that balances over every endpoint and
+fails over between them. Every call has a deadline (``timeout``, default
+:data:`DEFAULT_TIMEOUT` seconds, also per call) that covers its retries, so a call fails fast with
+:class:`EtcdUnavailable` or :class:`QuorumLost` instead of hanging. Calls carry etcd's ``hasleader``
+metadata, so a member that lost its leader refuses at once instead of queueing the request.
+
+Retries inside the deadline: reads, puts and deletes are retried on any transient error (the
+round-robin channel moves on to a live member). A transaction is retried only when etcd cannot have
+applied it (no leader, no connection); on an ambiguous failure it raises, and the caller reads the key
+to learn the outcome (a transaction is never silently re-run: cell decisions are not idempotent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from jupyter_notebookos.coordination import _proto
+from jupyter_notebookos.coordination.errors import (
+    CoordinationError,
+    EtcdUnavailable,
+    LeaseLost,
+    QuorumLost,
+    TransactionConflict,
+)
+from jupyter_notebookos.coordination.keys import DEFAULT_PREFIX, KeyLayout
+from jupyter_notebookos.coordination.kv import KeyValue, RangeResult, Value, to_bytes
+from jupyter_notebookos.coordination.lease import Lease
+from jupyter_notebookos.coordination.txn import Compare, Op, OpResult, TxnResult, lease_id
+from jupyter_notebookos.coordination.watch import Watch
+
+log = logging.getLogger(__name__)
+
+#: Seconds a call may take, retries included, unless the caller says otherwise.
+DEFAULT_TIMEOUT = 3.0
+
+#: etcd refuses requests at once on a member without a leader when this metadata is present
+#: (rpctypes.MetadataRequireLeaderKey); without it requests queue until etcd's own 7 s timeout.
+REQUIRE_LEADER: tuple[tuple[str, str], ...] = (("hasleader", "true"),)
+
+_T = TypeVar("_T")
+
+_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.lb_policy_name", "round_robin"),
+    # etcd's default --grpc-keepalive-min-time is 5 s: pinging more often gets the connection closed.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 3_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    # Reconnect to a restarted member within about a second, not gRPC's default of up to 2 minutes.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+    ("grpc.enable_retries", 1),
+]
+
+# Details of UNAVAILABLE errors that mean "never reached a leader": safe to retry any request.
+_NOT_SENT_MARKERS = ("no leader", "failed to connect", "connection refused", "connections to all backends")
+
+
+def _details(exc: grpc.aio.AioRpcError) -> str:
+    return (exc.details() or "").strip()
+
+
+def classify(
+    exc: grpc.aio.AioRpcError, endpoints: Sequence[str], *, channel_ready: bool, operation: str
+) -> CoordinationError:
+    """Map a gRPC error from etcd onto the coordination errors (the one place that does this)."""
+    code = exc.code()
+    detail = _details(exc)
+    lowered = detail.lower()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        if "no leader" in lowered or "request timed out" in lowered or "leader changed" in lowered:
+            return QuorumLost(endpoints, f"{operation}: {detail}")
+        return EtcdUnavailable(endpoints, f"{operation}: {detail}" if detail else operation)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        # An open connection that does not answer in time means the request is waiting for a leader.
+        if channel_ready:
+            return QuorumLost(endpoints, f"{operation}: no answer in time, the cluster has no leader")
+        return EtcdUnavailable(endpoints, f"{operation}: no answer in time")
+    if code == grpc.StatusCode.NOT_FOUND and "lease" in lowered:
+        return LeaseLost(0, detail)
+    if code == grpc.StatusCode.FAILED_PRECONDITION and "compare" in lowered:
+        return TransactionConflict(f"{operation}: {detail}")
+    return CoordinationError(f"etcd refused {operation}: {code.name} {detail}")
+
+
+def _retryable(exc: grpc.aio.AioRpcError, *, idempotent: bool) -> bool:
+    code = exc.code()
+    if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return False
+    if idempotent:
+        return True
+    lowered = _details(exc).lower()
+    return code == grpc.StatusCode.UNAVAILABLE and any(m in lowered for m in _NOT_SENT_MARKERS)
+
+
+def _grpc_target(endpoints: Sequence[str]) -> str:
+    """A gRPC target balancing over every endpoint (``host:port``, optional ``http://``)."""
+    addresses = []
+    for endpoint in endpoints:
+        hostport = endpoint.split("://", 1)[-1].rstrip("/")
+        host, _, port = hostport.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"etcd endpoint {endpoint!r} is not host:port")
+        try:
+            ip = ipaddress.ip_address(host.strip("[]"))
+            addresses.append(f"{ip}:{port}" if ip.version == 4 else f"[{ip}]:{port}")
+        except ValueError:
+            # A host name: resolve it now (gRPC's static-list target takes addresses only).
+            infos = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)
+            addresses.extend(sorted({f"{info[4][0]}:{port}" for info in infos}))
+    return (
+        "ipv4:" + ",".join(addresses)
+        if all("[" not in a for a in addresses)
+        else "ipv6:" + ",".join(addresses)
+    )
+
+
+class Coordinator:
+    """A connection to an etcd cluster, shared by everything in one process.
+
+    Create with :meth:`connect`; close with :meth:`close` (or ``async with``). ``keys`` is the
+    project's key layout under this coordinator's prefix.
+    """
+
+    REQUIRE_LEADER = REQUIRE_LEADER
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        prefix: str = DEFAULT_PREFIX,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("at least one etcd endpoint is needed")
+        self.endpoints = list(endpoints)
+        self.timeout = timeout
+        self.keys = KeyLayout(prefix)
+        self._channel = grpc.aio.insecure_channel(_grpc_target(self.endpoints), options=_CHANNEL_OPTIONS)
+        self._kv = _proto.KVStub(self._channel)
+        self._lease = _proto.LeaseStub(self._channel)
+        self._watch = _proto.WatchStub(self._channel)
+        self._maintenance = _proto.MaintenanceStub(self._channel)
+        self._leases: set[Lease] = set()
+        self._watches: set[Watch] = set()
+        self._closed = False
+
+    @classmethod
+    async def connect(
+        cls,
+        endpoints: Sequence[str],
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        prefix: str = DEFAULT_PREFIX,
+    ) -> Coordinator:
+        """Connect to etcd at ``endpoints`` (``"host:port"``; any member will do).
+
+        Raises:
+            EtcdUnavailable: no endpoint answered within ``timeout`` seconds.
+        """
+        coordinator = cls(endpoints, timeout=timeout, prefix=prefix)
+        try:
+            # Status is answered by any live member, leader or not: connecting needs no quorum.
+            await coordinator._unary(
+                coordinator._maintenance.Status, _proto.StatusRequest(), "connect", timeout, idempotent=True
+            )
+        except QuorumLost:
+            pass
+        except BaseException:
+            await coordinator.close()
+            raise
+        return coordinator
+
+    async def __aenter__(self) -> Coordinator:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop every watch and keepalive of this coordinator and close the connection.
+
+        Leases are not revoked: keys bound to them live until their TTL runs out, as after a crash.
+        Revoke a lease explicitly for a clean goodbye.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for watch in list(self._watches):
+            await watch.aclose()
+        for lease in list(self._leases):
+            await lease.stop_keepalive()
+        await self._channel.close()
+
+    # -- the RPC layer: deadlines, retries, error mapping -------------------------------------------
+
+    @property
+    def channel_ready(self) -> bool:
+        return self._channel.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY
+
+    def _error(self, exc: grpc.aio.AioRpcError, operation: str) -> CoordinationError:
+        return classify(exc, self.endpoints, channel_ready=self.channel_ready, operation=operation)
+
+    async def _unary(
+        self,
+        method: Callable[..., Awaitable[_T]],
+        request: Any,
+        operation: str,
+        timeout: float | None,
+        *,
+        idempotent: bool,
+    ) -> _T:
+        if self._closed:
+            raise CoordinationError(f"{operation}: the coordinator is closed")
+        loop = asyncio.get_running_loop()
+        budget = self.timeout if timeout is None else timeout
+        deadline = loop.time() + budget
+        backoff = 0.05
+        while True:
+            remaining = deadline - loop.time()
+            try:
+                return await method(request, timeout=max(remaining, 0.001), metadata=REQUIRE_LEADER)
+            except grpc.aio.AioRpcError as exc:
+                error = self._error(exc, operation)
+                remaining = deadline - loop.time()
+                if not _retryable(exc, idempotent=idempotent) or remaining <= backoff:
+                    ambiguous = not idempotent and not _retryable(exc, idempotent=False)
+                    if ambiguous and isinstance(error, QuorumLost | EtcdUnavailable):
+                        error.args = (
+                            f"{error.args[0]} The outcome of this {operation} is unknown: "
+                            "read the keys it writes to find out.",
+                        )
+                    raise error from exc
+                log.debug("%s: %s; retrying in %.2f s", operation, _details(exc), backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 0.5)
+
+    # -- key-value ----------------------------------------------------------------------------------
+
+    async def get(self, key: str, *, timeout: float | None = None) -> KeyValue | None:
+        """The key's current value and revisions, or ``None`` if it does not exist (linearizable)."""
+        reply = await self._unary(
+            self._kv.Range, _proto.RangeRequest(key=key.encode()), f"get {key}", timeout, idempotent=True
+        )
+        return KeyValue.from_proto(reply.kvs[0]) if reply.kvs else None
+
+    async def get_prefix(
+        self, prefix: str, *, keys_only: bool = False, timeout: float | None = None
+    ) -> RangeResult:
+        """Every key starting with ``prefix``, in key order, with the revision of the read."""
+        raw = prefix.encode()
+        request = _proto.RangeRequest(key=raw, range_end=_proto.prefix_range_end(raw), keys_only=keys_only)
+        reply = await self._unary(self._kv.Range, request, f"get prefix {prefix}", timeout, idempotent=True)
+        return RangeResult([KeyValue.from_proto(kv) for kv in reply.kvs], reply.header.revision)
+
+    async def put(
+        self, key: str, value: Value, *, lease: Lease | int | None = None, timeout: float | None = None
+    ) -> int:
+        """Write ``key`` (bound to ``lease`` if given). Returns the revision of the write."""
+        request = _proto.PutRequest(key=key.encode(), value=to_bytes(value), lease=lease_id(lease))
+        reply = await self._unary(self._kv.Put, request, f"put {key}", timeout, idempotent=True)
+        return int(reply.header.revision)
+
+    async def delete(self, key: str, *, timeout: float | None = None) -> bool:
+        """Delete ``key``. Returns whether it existed."""
+        request = _proto.DeleteRangeRequest(key=key.encode())
+        reply = await self._unary(self._kv.DeleteRange, request, f"delete {key}", timeout, idempotent=True)
+        return bool(reply.deleted)
+
+    async def delete_prefix(self, prefix: str, *, timeout: float | None = None) -> int:
+        """Delete every key starting with ``prefix``. Returns how many there were."""
+        raw = prefix.encode()
+        request = _proto.DeleteRangeRequest(key=raw, range_end=_proto.prefix_range_end(raw))
+        reply = await self._unary(
+            self._kv.DeleteRange, request, f"delete prefix {prefix}", timeout, idempotent=True
+        )
+        return int(reply.deleted)
+
+    async def txn(
+        self,
+        compare: Sequence[Compare],
+        success: Sequence[Op],
+        failure: Sequence[Op] = (),
+        *,
+        raise_on_failure: bool = False,
+        timeout: float | None = None,
+    ) -> TxnResult:
+        """Run one transaction in one round trip: ``success`` if every compare holds, else ``failure``.
+
+        Raises:
+            TransactionConflict: the compares failed and ``raise_on_failure`` is set.
+            QuorumLost, EtcdUnavailable: as for every call; on an ambiguous failure the message says
+                the outcome is unknown.
+        """
+        request = _proto.TxnRequest(
+            compare=[c.to_proto() for c in compare],
+            success=[op.to_proto() for op in success],
+            failure=[op.to_proto() for op in failure],
+        )
+        reply = await self._unary(self._kv.Txn, request, "txn", timeout, idempotent=False)
+        result = TxnResult(
+            succeeded=bool(reply.succeeded),
+            revision=int(reply.header.revision),
+            results=[OpResult.from_proto(r) for r in reply.responses],
+        )
+        if raise_on_failure and not result.succeeded:
+            keys = ", ".join(sorted({c.key for c in compare}))
+            raise TransactionConflict(f"transaction refused: a compare on {keys} did not hold")
+        return result
+
+    async def compact(self, revision: int, *, timeout: float | None = None) -> None:
+        """Discard the history of changes before ``revision`` (watches cannot start earlier after this)."""
+        await self._unary(
+            self._kv.Compact, _proto.CompactionRequest(revision=revision), "compact", timeout, idempotent=True
+        )
+
+    async def status(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """One member's view: version, leader id, Raft term, revision and database size."""
+        reply = await self._unary(
+            self._maintenance.Status, _proto.StatusRequest(), "status", timeout, idempotent=True
+        )
+        return {
+            "version": reply.version,
+            "member": reply.header.member_id,
+            "leader": reply.leader,
+            "raft_term": reply.raftTerm,
+            "revision": reply.header.revision,
+            "db_size": reply.dbSize,
+        }
+
+    # -- leases -------------------------------------------------------------------------------------
+
+    async def grant_lease(
+        self,
+        ttl: int,
+        *,
+        keepalive: bool = True,
+        on_lost: Callable[[Lease], object] | None = None,
+        timeout: float | None = None,
+    ) -> Lease:
+        """Grant a lease of ``ttl`` seconds, kept alive in the background unless ``keepalive=False``.
+
+        etcd rounds very short TTLs up (to 2 s with the embedded cluster's timing).
+        ``lease.lost`` is set, and ``on_lost(lease)`` called, when etcd reports the lease gone.
+        """
+        reply = await self._unary(
+            self._lease.LeaseGrant, _proto.LeaseGrantRequest(TTL=ttl), "grant lease", timeout, idempotent=True
+        )
+        if reply.error:
+            raise CoordinationError(f"etcd refused a lease of {ttl} s: {reply.error}")
+        lease = Lease(self, int(reply.ID), int(reply.TTL), on_lost=on_lost)
+        if keepalive:
+            lease.start_keepalive()
+        return lease
+
+    async def revoke(self, lease: Lease | int, *, timeout: float | None = None) -> None:
+        """Revoke a lease now: every key bound to it is deleted at once."""
+        if isinstance(lease, Lease):
+            await lease.revoke(timeout=timeout)
+            return
+        await self._revoke_id(lease, timeout)
+
+    async def _revoke_id(self, lease: int, timeout: float | None) -> None:
+        with contextlib.suppress(LeaseLost):  # already gone: what revoking wanted
+            await self._unary(
+                self._lease.LeaseRevoke,
+                _proto.LeaseRevokeRequest(ID=lease),
+                "revoke lease",
+                timeout,
+                idempotent=True,
+            )
+
+    # -- watches ------------------------------------------------------------------------------------
+
+    def watch_prefix(self, prefix: str, start_revision: int | None = None) -> Watch:
+        """Watch every key starting with ``prefix``: ``async for event in coordinator.watch_prefix(p)``.
+
+        With ``start_revision`` the watch replays every change from that revision on (use a
+        :meth:`get_prefix` result's ``revision + 1``); without, it starts after the current revision.
+        It resumes by itself after a disconnect or a member failure, from the revision after the
+        last event it delivered, so no event is lost or repeated. Raises :class:`WatchCompacted` if
+        the history it needs was compacted.
+        """
+        return Watch(self, prefix, start_revision)
+
+    def watch_key(self, key: str, start_revision: int | None = None) -> Watch:
+        """Watch one key (same guarantees as :meth:`watch_prefix`)."""
+        return Watch(self, key, start_revision, exact=True)
