@@ -1,0 +1,612 @@
+"""The scheduler: the one policy engine the live gateway and the trace simulator both drive.
+
+It owns a :class:`ClusterModel`, the wait queue and the cluster ratio; every method takes the current
+time, applies one event or answers one question, and returns a decision (see ``decisions``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from traitlets import All, Bool, CaselessStrEnum, Float, Int, observe
+from traitlets.config import Configurable
+
+from . import autoscaling, migration
+from .baselines import reserve_session, run_batch, run_reserved
+from .cluster import Cell, ClusterModel, HostSpec, Kernel, KernelSpec, RunningCellSpec
+from .decisions import (
+    CellFinished,
+    Decision,
+    DrainPlan,
+    HostChanged,
+    HostRemoved,
+    Ignored,
+    KernelStopped,
+    MigrateThenRun,
+    MigrationCompleted,
+    MigrationFailed,
+    MigrationPlan,
+    MigrationRefused,
+    Placement,
+    PlacementRefused,
+    QueueDispatch,
+    RejectCell,
+    ReplicaLost,
+    ReplicaRecorded,
+    ReplicaRefused,
+    ReplicaSlot,
+    RunCell,
+    ScalingDecision,
+    WaitInQueue,
+)
+from .executor import Blocked, choose_executor
+from .placement import place_replicas
+from .queue import CellQueue, QueuedCell
+from .settings import POLICIES, SchedulerSettings
+from .status import HostStatus, KernelStatus, RunningCell
+from .subscription import ClusterRatio
+
+
+class Scheduler(Configurable):
+    """Placement, executor choice, queueing, migration planning and autoscaling over one cluster model.
+
+    Build it empty or from a rebuilt state (``hosts``, ``kernels``, ``replicas``, ``running``), then feed
+    it events with the current time. Nothing here reads a clock or does I/O.
+    """
+
+    policy = CaselessStrEnum(
+        list(POLICIES),
+        default_value="notebookos",
+        help="""Scheduling policy: 'notebookos' (replicated kernels, GPUs bound per cell, migration),
+        'reservation' (one replica holding its GPUs for the session's life) or 'batch' (a fresh replica
+        per cell). The baselines exist for the simulator and the evaluation.""",
+    ).tag(config=True)
+    replicas_per_kernel = Int(
+        3,
+        help="Replicas of each kernel, each on a distinct host (NotebookOS policy).",
+    ).tag(config=True)
+    subscription_ratio_cap = Float(
+        3.0,
+        help="""Most a host's subscription ratio (pending GPUs / GPUs / replicas per kernel) may reach.
+        Admission uses the smaller of this cap and the smoothed cluster ratio (demand / busy GPUs);
+        migrations use the cap itself.""",
+    ).tag(config=True)
+    subscription_ratio_half_life_s = Float(
+        60.0,
+        help="Half-life in seconds of the EWMA that smooths the cluster subscription ratio (0: none).",
+    ).tag(config=True)
+    gpus_per_host = Int(
+        8,
+        help="GPUs of a host added by scale-out; requests above the largest host (or this) are rejected.",
+    ).tag(config=True)
+    migration_enabled = Bool(
+        True,
+        help="Migrate a replica when none of a kernel's hosts can bind a cell's GPUs.",
+    ).tag(config=True)
+    max_concurrent_migrations = Int(
+        32,
+        help="Most cell-triggered migrations in flight at once; further cells wait in the queue.",
+    ).tag(config=True)
+    scaling_factor = Float(
+        1.1,
+        help="Autoscaling: target hosts = ceil(committed GPUs x this / gpus_per_host) + idle_host_buffer.",
+    ).tag(config=True)
+    min_hosts = Int(3, help="Autoscaling never goes below this many hosts.").tag(config=True)
+    idle_host_buffer = Int(1, help="Autoscaling keeps this many hosts' worth of idle GPUs spare.").tag(
+        config=True
+    )
+    max_scale_in_per_round = Int(1, help="Most hosts one autoscaling round drains for scale-in.").tag(
+        config=True
+    )
+    scale_in_delay_s = Float(
+        60.0,
+        help="Seconds the cluster must stay above its target before a scale-in round drains a host.",
+    ).tag(config=True)
+    scale_for_queued_cells = Bool(
+        True,
+        help="Count the GPUs of queued cells as committed when computing the autoscaling target.",
+    ).tag(config=True)
+
+    def __init__(
+        self,
+        hosts: Iterable[HostSpec] = (),
+        kernels: Iterable[KernelSpec] = (),
+        replicas: Iterable[ReplicaSlot] = (),
+        running: Iterable[RunningCellSpec] = (),
+        **kwargs: Any,
+    ) -> None:
+        """Build the scheduler; the iterables rebuild a model (e.g. from etcd after a gateway restart).
+
+        Raises ``ValueError`` with a precise message if the state is inconsistent.
+        """
+        super().__init__(**kwargs)
+        self.settings = self._snapshot()
+        self.model = ClusterModel()
+        self.queue = CellQueue()
+        self.ratio = ClusterRatio(
+            self.settings.subscription_ratio_cap, self.settings.subscription_ratio_half_life_s
+        )
+        self._over_since: float | None = None
+        self._restore(hosts, kernels, replicas, running)
+
+    def _snapshot(self) -> SchedulerSettings:
+        return SchedulerSettings(
+            **{name: getattr(self, name) for name in SchedulerSettings.__dataclass_fields__}
+        )
+
+    @observe(All)
+    def _knob_changed(self, change: Any) -> None:
+        if hasattr(self, "settings"):
+            self.settings = self._snapshot()
+            self.ratio.cap = self.settings.subscription_ratio_cap
+
+    def _restore(
+        self,
+        hosts: Iterable[HostSpec],
+        kernels: Iterable[KernelSpec],
+        replicas: Iterable[ReplicaSlot],
+        running: Iterable[RunningCellSpec],
+    ) -> None:
+        model = self.model
+        for spec in hosts:
+            model.add_host(spec)
+        for k in kernels:
+            model.add_kernel(k.kernel_id, k.gpus)
+        for r in replicas:
+            kernel = model.kernels.get(r.kernel_id)
+            host = model.hosts.get(r.host)
+            if kernel is None or host is None:
+                raise ValueError(f"{r}: unknown {'kernel' if kernel is None else 'host'}")
+            if r.host in kernel.hosts_in_use() or r.replica_id in kernel.replicas:
+                raise ValueError(f"{r}: the kernel already has that replica or a replica on that host")
+            model.add_replica(kernel, host, r.replica_id)
+        for c in running:
+            kernel = model.kernels.get(c.kernel_id)
+            if kernel is None or c.replica_id not in kernel.replicas or kernel.running is not None:
+                raise ValueError(
+                    f"running cell {c.cell_id}: unknown kernel or replica, or kernel already busy"
+                )
+            host = model.hosts[kernel.replicas[c.replica_id]]
+            model.commit_ids(host, c.device_ids)
+            kernel.running = Cell(
+                c.kernel_id, c.cell_id, c.replica_id, host.name, c.device_ids, c.started_at, c.started_at
+            )
+            kernel.last_executor = c.replica_id
+
+    # --- kernels --------------------------------------------------------------------------------------
+
+    def start_kernel(self, kernel_id: str, gpus: int, now: float) -> Placement | PlacementRefused:
+        """Place a new kernel's replicas (recorded in the model) or say why it cannot be placed."""
+        self._tick(now)
+        if kernel_id in self.model.kernels:
+            return PlacementRefused(kernel_id, gpus, "a kernel with this id already exists", 0, False)
+        too_big = self._too_big(gpus)
+        if too_big:
+            return PlacementRefused(kernel_id, gpus, too_big, 0, False)
+        kernel = self.model.add_kernel(kernel_id, gpus)
+        decision: Placement | PlacementRefused
+        if self.settings.policy == "reservation":
+            decision = reserve_session(self.model, kernel, self.settings)
+        elif self.settings.policy == "batch":
+            decision = Placement(kernel_id, gpus, (), "batch policy: a fresh replica starts for each cell")
+        else:
+            decision = place_replicas(
+                self.model, kernel, self.settings.replicas, self.ratio.limit, self.settings
+            )
+        if isinstance(decision, PlacementRefused):
+            self.model.remove_kernel(kernel)
+        self._tick(now)
+        return decision
+
+    def place_missing_replicas(self, kernel_id: str, now: float) -> Placement | PlacementRefused | Ignored:
+        """Bring a kernel back to its replica count (after a loss whose replacement was refused)."""
+        kernel = self.model.kernels.get(kernel_id)
+        if kernel is None:
+            return Ignored("place missing replicas", f"unknown kernel {kernel_id}")
+        self._tick(now)
+        missing = self.settings.replicas - len(kernel.replicas)
+        if missing <= 0:
+            return Ignored(
+                "place missing replicas", f"kernel {kernel_id} has all {len(kernel.replicas)} replicas"
+            )
+        if self.settings.policy == "reservation":
+            return reserve_session(self.model, kernel, self.settings)
+        decision = place_replicas(self.model, kernel, missing, self.ratio.limit, self.settings, "replacement")
+        self._tick(now)
+        return decision
+
+    def stop_kernel(self, kernel_id: str, now: float) -> KernelStopped | Ignored:
+        """Forget a kernel: release its GPUs, retire its replicas, drop its queued cells."""
+        kernel = self.model.kernels.get(kernel_id)
+        if kernel is None:
+            return Ignored("stop kernel", f"unknown kernel {kernel_id}")
+        released = 0
+        if kernel.running is not None:
+            released += self._release(kernel)
+        for rid in list(kernel.moving):
+            plan = self.model.migrations[kernel.moving[rid][0]]
+            migration.abort(self.model, kernel, plan)
+        if kernel.hold is not None:
+            self.model.release(kernel.hold[0], kernel.hold[1])
+            released += len(kernel.hold[1])
+            kernel.hold = None
+        slots = tuple(ReplicaSlot(kernel_id, rid, h) for rid, h in sorted(kernel.replicas.items()))
+        for rid in list(kernel.replicas):
+            self.model.remove_replica(kernel, rid)
+        dropped = tuple(c.cell_id for c in self.queue.drop_kernel(kernel_id))
+        self.model.remove_kernel(kernel)
+        self._tick(now)
+        return KernelStopped(kernel_id, slots, released, dropped)
+
+    # --- cells ----------------------------------------------------------------------------------------
+
+    def request_cell(
+        self, kernel_id: str, cell_id: str, now: float, gpus: int | None = None
+    ) -> RunCell | MigrateThenRun | WaitInQueue | RejectCell:
+        """Decide where a cell runs. ``gpus`` defaults to the kernel's request.
+
+        ``RunCell``: GPUs are committed now; ``MigrateThenRun``: GPUs reserved on the target, call
+        ``migration_finished``; ``WaitInQueue``: call ``dispatch_queued`` when GPUs free up;
+        ``RejectCell``: reply with an error.
+        """
+        kernel = self.model.kernels.get(kernel_id)
+        need = gpus if gpus is not None else (kernel.gpus if kernel is not None else 0)
+        if kernel is None:
+            return RejectCell(kernel_id, cell_id, need, f"unknown kernel {kernel_id}")
+        if need < 0:
+            return RejectCell(kernel_id, cell_id, need, f"a cell cannot ask for {need} GPUs")
+        too_big = self._too_big(need)
+        if too_big:
+            return RejectCell(kernel_id, cell_id, need, too_big)
+        if (kernel.running is not None and kernel.running.cell_id == cell_id) or (
+            kernel_id,
+            cell_id,
+        ) in self.queue:
+            return RejectCell(kernel_id, cell_id, need, f"cell {cell_id} is already running or queued")
+        self._tick(now)
+        if kernel.running is not None or self.queue.has(kernel_id):
+            busy = kernel.running.cell_id if kernel.running is not None else "an earlier queued cell"
+            pos = self.queue.push(QueuedCell(kernel_id, cell_id, need, now), kernel.running is not None)
+            return WaitInQueue(
+                kernel_id, cell_id, need, pos, f"kernel {kernel_id} is busy with {busy}", False
+            )
+        decision = self._try_start(kernel, cell_id, need, now, now)
+        if isinstance(decision, Blocked):
+            pos = self.queue.push(QueuedCell(kernel_id, cell_id, need, now), False)
+            return WaitInQueue(kernel_id, cell_id, need, pos, decision.reason, decision.scale_out_would_help)
+        self._tick(now)
+        return decision
+
+    def cell_finished(self, kernel_id: str, cell_id: str, now: float) -> CellFinished | Ignored:
+        """A cell replied (or was interrupted, or cancelled while queued): release its GPUs.
+
+        Then call ``dispatch_queued``: freed GPUs may let queued cells run.
+        """
+        kernel = self.model.kernels.get(kernel_id)
+        if kernel is None:
+            return Ignored("cell finished", f"unknown kernel {kernel_id}")
+        cell = kernel.running
+        if cell is not None and cell.cell_id == cell_id:
+            ran = now - cell.started_at if cell.started_at is not None else 0.0
+            devices = cell.device_ids if cell.owns_devices else ()
+            self._release(kernel)
+            retired = None
+            if self.settings.policy == "batch" and cell.replica_id in kernel.replicas:
+                self.model.remove_replica(kernel, cell.replica_id)
+                retired = cell.replica_id
+            self._tick(now)
+            return CellFinished(kernel_id, cell_id, cell.host, devices, ran, retired_replica=retired)
+        if self.queue.remove(kernel_id, cell_id) is not None:
+            return CellFinished(kernel_id, cell_id, None, (), 0.0, was_queued=True)
+        return Ignored("cell finished", f"cell {cell_id} of kernel {kernel_id} is neither running nor queued")
+
+    def dispatch_queued(self, now: float) -> QueueDispatch:
+        """Start the queued cells that can run now, in fair FIFO order (each gets first pick in turn)."""
+        self._tick(now)
+        started: list[RunCell | MigrateThenRun] = []
+        max_idle = self.model.max_idle()
+        for kernel_id in self.queue.ready():
+            head = self.queue.head(kernel_id)
+            if head.gpus > max_idle:
+                continue  # no host anywhere has that many idle GPUs
+            kernel = self.model.kernels[kernel_id]
+            decision = self._try_start(kernel, head.cell_id, head.gpus, head.requested_at, now)
+            if isinstance(decision, Blocked):
+                continue
+            self.queue.pop_head(kernel_id)
+            started.append(decision)
+            if head.gpus:
+                max_idle = self.model.max_idle()
+        self._tick(now)
+        return QueueDispatch(tuple(started), len(self.queue))
+
+    # --- replicas -------------------------------------------------------------------------------------
+
+    def replica_lost(self, kernel_id: str, replica_id: int, now: float) -> ReplicaLost | Ignored:
+        """A replica died: fail its running cell, drop its migration, place a replacement if possible."""
+        kernel = self.model.kernels.get(kernel_id)
+        if kernel is None or replica_id not in kernel.replicas:
+            return Ignored("replica lost", f"kernel {kernel_id} has no replica r{replica_id}")
+        decision = self._lose_replica(kernel, replica_id, now, replace=True)
+        self._tick(now)
+        return decision
+
+    def replica_added(
+        self, kernel_id: str, replica_id: int, host: str, now: float
+    ) -> ReplicaRecorded | ReplicaRefused:
+        """Record a replica the caller started itself (validated like a migration target)."""
+        kernel = self.model.kernels.get(kernel_id)
+        if kernel is None:
+            return ReplicaRefused(kernel_id, host, f"unknown kernel {kernel_id}")
+        if replica_id in kernel.replicas:
+            return ReplicaRefused(kernel_id, host, f"replica r{replica_id} already exists")
+        problem = migration.target_problem(self.model, kernel, host, float("inf"), self.settings.replicas)
+        if problem:
+            return ReplicaRefused(kernel_id, host, problem)
+        self.model.add_replica(kernel, self.model.hosts[host], replica_id)
+        self._tick(now)
+        return ReplicaRecorded(ReplicaSlot(kernel_id, replica_id, host))
+
+    # --- migration ------------------------------------------------------------------------------------
+
+    def request_migration(
+        self, kernel_id: str, replica_id: int, now: float, target: str | None = None
+    ) -> MigrationPlan | MigrationRefused:
+        """Plan a move on demand (REST API); without ``target`` the least subscribed host is chosen."""
+        kernel = self.model.kernels.get(kernel_id)
+        if kernel is None:
+            return MigrationRefused(kernel_id, replica_id, target, f"unknown kernel {kernel_id}")
+        if replica_id not in kernel.replicas:
+            known = ", ".join(f"r{r}" for r in sorted(kernel.replicas)) or "none"
+            return MigrationRefused(kernel_id, replica_id, target, f"unknown replica (replicas: {known})")
+        if replica_id in kernel.moving:
+            return MigrationRefused(kernel_id, replica_id, target, "this replica is already migrating")
+        if kernel.running is not None and kernel.running.replica_id == replica_id:
+            return MigrationRefused(
+                kernel_id,
+                replica_id,
+                target,
+                f"it is running cell {kernel.running.cell_id}; retry when it ends",
+            )
+        cap, replicas = self.settings.subscription_ratio_cap, self.settings.replicas
+        if target is not None:
+            problem = migration.target_problem(self.model, kernel, target, cap, replicas)
+            if problem:
+                return MigrationRefused(kernel_id, replica_id, target, problem)
+            host = self.model.hosts[target]
+            why = f"requested; {target} accepts it"
+        else:
+            found = migration.best_target(self.model, kernel, cap, replicas)
+            if found is None:
+                return MigrationRefused(
+                    kernel_id, replica_id, None, "no other host accepts a replica of this kernel"
+                )
+            host, why = found, f"requested; {found.name} is the least subscribed host that accepts it"
+        plan = migration.begin(self.model, kernel, replica_id, host, "request", why)
+        self._tick(now)
+        return plan
+
+    def migration_finished(
+        self, migration_id: int, now: float, ok: bool = True, error: str = ""
+    ) -> MigrationCompleted | MigrationFailed | Ignored:
+        """The move ended. On success a cell waiting for it runs on the moved replica (``run``)."""
+        plan = self.model.migrations.get(migration_id)
+        if plan is None:
+            return Ignored("migration finished", f"no migration m{migration_id} in flight")
+        kernel = self.model.kernels[plan.kernel_id]
+        cell = kernel.running
+        waiting = cell if cell is not None and cell.migration_id == migration_id else None
+        if not ok:
+            migration.abort(self.model, kernel, plan)
+            requeued = None
+            if waiting is not None:
+                self._release(kernel, requeue=True)
+                requeued = waiting.cell_id
+            self._tick(now)
+            return MigrationFailed(plan, error or "the new replica did not come up", requeued)
+        migration.complete(self.model, kernel, plan)
+        run = None
+        if waiting is not None:
+            waiting.migration_id = None
+            waiting.started_at = now
+            kernel.last_executor = plan.replica_id
+            run = RunCell(
+                kernel.kernel_id,
+                waiting.cell_id,
+                plan.replica_id,
+                plan.target,
+                waiting.gpus,
+                waiting.device_ids,
+                "migrated",
+                f"migrated from {plan.source}: {plan.why}",
+                now - waiting.requested_at,
+            )
+        self._tick(now)
+        return MigrationCompleted(plan, run)
+
+    # --- hosts ----------------------------------------------------------------------------------------
+
+    def add_host(self, spec: HostSpec, now: float) -> HostChanged | Ignored:
+        """A host joined (scale-out done, or a node appeared)."""
+        try:
+            self.model.add_host(spec)
+        except ValueError as error:
+            return Ignored("add host", str(error))
+        self._tick(now)
+        kind = "simulated" if spec.simulated else "real"
+        return HostChanged(spec.name, "added", f"{spec.gpus} {kind} GPUs")
+
+    def remove_host(self, name: str, now: float) -> HostRemoved | Ignored:
+        """A host left: every replica on it is lost (replacements placed elsewhere), its moves fail."""
+        host = self.model.hosts.get(name)
+        if host is None:
+            return Ignored("remove host", f"unknown host {name}")
+        self.model.set_draining(host, True)  # nothing new lands here while we clean up
+        for kernel_id, rid in list(host.replicas):
+            kernel = self.model.kernels[kernel_id]
+            moving = kernel.moving.get(rid)
+            if moving is not None and moving[1] == name:
+                self.migration_finished(moving[0], now, ok=False, error=f"target {name} was removed")
+        lost = [
+            self._lose_replica(self.model.kernels[kernel_id], rid, now, replace=True)
+            for kernel_id, rid in list(host.replicas)
+        ]
+        self.model.remove_host(name)
+        self._tick(now)
+        return HostRemoved(name, tuple(lost))
+
+    def cordon_host(self, name: str, now: float, cordoned: bool = True) -> HostChanged | Ignored:
+        """Stop (or resume, with ``cordoned=False``) placing new replicas on a host; its replicas stay."""
+        host = self.model.hosts.get(name)
+        if host is None:
+            return Ignored("cordon host", f"unknown host {name}")
+        self.model.set_cordoned(host, cordoned)
+        return HostChanged(
+            name, "cordoned" if cordoned else "uncordoned", f"{len(host.replicas)} replicas stay"
+        )
+
+    def drain_host(self, name: str, now: float) -> DrainPlan | Ignored:
+        """Empty a host by migration; replicas running a cell are listed as stuck (drain again later)."""
+        host = self.model.hosts.get(name)
+        if host is None:
+            return Ignored("drain host", f"unknown host {name}")
+        self.model.set_draining(host, True)
+        plans: list[MigrationPlan] = []
+        stuck: list[str] = []
+        cap, replicas = self.settings.subscription_ratio_cap, self.settings.replicas
+        for kernel_id, rid in list(host.replicas):
+            kernel = self.model.kernels[kernel_id]
+            if kernel.replicas.get(rid) != name or rid in kernel.moving:
+                continue  # an incoming move, or already leaving
+            if kernel.running is not None and kernel.running.replica_id == rid:
+                stuck.append(f"r{rid} of {kernel_id} is running cell {kernel.running.cell_id}")
+                continue
+            target = migration.best_target(self.model, kernel, cap, replicas)
+            if target is None:
+                stuck.append(f"no host accepts r{rid} of {kernel_id}")
+                continue
+            why = f"draining {name}; {target.name} is the least subscribed host that accepts it"
+            plans.append(migration.begin(self.model, kernel, rid, target, "drain", why))
+        self._tick(now)
+        return DrainPlan(name, tuple(plans), tuple(stuck))
+
+    # --- autoscaling ----------------------------------------------------------------------------------
+
+    def autoscale(self, now: float, hosts_provisioning: int = 0) -> ScalingDecision:
+        """One autoscaling round. Pass the hosts already being provisioned so they are not asked twice."""
+        self._tick(now)
+        decision, self._over_since = autoscaling.plan_round(
+            self.model, self.settings, now, self._over_since, hosts_provisioning, self.queue.gpus_waiting()
+        )
+        self._tick(now)
+        return decision
+
+    # --- queries --------------------------------------------------------------------------------------
+
+    def hosts(self) -> tuple[HostStatus, ...]:
+        """Every host, by name."""
+        r = self.settings.replicas
+        return tuple(HostStatus.of(h, r) for _, h in sorted(self.model.hosts.items()))
+
+    def host(self, name: str) -> HostStatus | None:
+        """One host, or None."""
+        h = self.model.hosts.get(name)
+        return HostStatus.of(h, self.settings.replicas) if h is not None else None
+
+    def kernel(self, kernel_id: str) -> KernelStatus | None:
+        """One kernel, or None."""
+        k = self.model.kernels.get(kernel_id)
+        if k is None:
+            return None
+        queued = tuple(c.cell_id for c in self.queue.cells() if c.kernel_id == kernel_id)
+        return KernelStatus.of(k, queued)
+
+    def running_cells(self) -> tuple[RunningCell, ...]:
+        """Every cell holding GPUs (those waiting for a migration included)."""
+        return tuple(RunningCell.of(k.running) for k in self.model.kernels.values() if k.running is not None)
+
+    def queued_cells(self) -> tuple[QueuedCell, ...]:
+        """Every queued cell, in the order they will be offered GPUs."""
+        return tuple(self.queue.cells())
+
+    def migrations(self) -> tuple[MigrationPlan, ...]:
+        """Migrations in flight."""
+        return tuple(self.model.migrations.values())
+
+    @property
+    def subscription_limit(self) -> float:
+        """The ratio admission currently enforces (smoothed cluster ratio, capped)."""
+        return self.ratio.limit
+
+    # --- internals ------------------------------------------------------------------------------------
+
+    def _tick(self, now: float) -> None:
+        self.ratio.observe(now, self.model.demand, self.model.busy)
+
+    def _too_big(self, gpus: int) -> str:
+        largest = max(self.model.max_host_gpus, self.settings.gpus_per_host)
+        if gpus <= largest:
+            return ""
+        return (
+            f"it asks for {gpus} GPUs but the largest host has {largest}; "
+            f"set KERNEL_GPUS to {largest} or fewer"
+        )
+
+    def _try_start(
+        self, kernel: Kernel, cell_id: str, gpus: int, requested_at: float, now: float
+    ) -> RunCell | MigrateThenRun | Blocked:
+        policy = self.settings.policy
+        if policy == "reservation":
+            return run_reserved(kernel, cell_id, requested_at, now)
+        if policy == "batch":
+            return run_batch(self.model, kernel, cell_id, gpus, requested_at, now)
+        return choose_executor(self.model, kernel, cell_id, gpus, requested_at, now, self.settings)
+
+    def _release(self, kernel: Kernel, requeue: bool = False) -> int:
+        """Free the running cell's GPUs; ``requeue`` puts it back at the queue's front."""
+        cell = kernel.running
+        assert cell is not None
+        kernel.running = None
+        released = 0
+        if cell.owns_devices:
+            self.model.release(cell.host, cell.device_ids)
+            released = len(cell.device_ids)
+        if requeue:
+            self.queue.push_front(QueuedCell(kernel.kernel_id, cell.cell_id, cell.gpus, cell.requested_at))
+        else:
+            self.queue.kernel_idle(kernel.kernel_id)
+        return released
+
+    def _lose_replica(self, kernel: Kernel, rid: int, now: float, replace: bool) -> ReplicaLost:
+        host = kernel.replicas[rid]
+        failed_cell: str | None = None
+        failed_migration: int | None = None
+        cell = kernel.running
+        if kernel.moving.get(rid) is not None:
+            plan = self.model.migrations[kernel.moving[rid][0]]
+            failed_migration = plan.migration_id
+            migration.abort(self.model, kernel, plan)
+            if cell is not None and cell.migration_id == plan.migration_id:
+                self._release(kernel, requeue=True)  # it never ran: it keeps its turn
+                cell = None
+        if cell is not None and cell.replica_id == rid and cell.migration_id is None:
+            failed_cell = cell.cell_id
+            self._release(kernel)
+        if kernel.hold is not None and kernel.hold[0] == host:
+            self.model.release(kernel.hold[0], kernel.hold[1])
+            kernel.hold = None
+        self.model.remove_replica(kernel, rid)
+        replacement: Placement | PlacementRefused | None = None
+        if replace and self.settings.policy == "notebookos":
+            replacement = place_replicas(
+                self.model, kernel, 1, self.ratio.limit, self.settings, "replacement"
+            )
+        elif replace and self.settings.policy == "reservation":
+            replacement = reserve_session(self.model, kernel, self.settings)
+        return ReplicaLost(
+            ReplicaSlot(kernel.kernel_id, rid, host), failed_cell, failed_migration, replacement
+        )
+
+
+__all__ = ["Decision", "Scheduler"]

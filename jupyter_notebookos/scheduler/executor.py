@@ -1,0 +1,118 @@
+"""Executor choice for a cell under the NotebookOS policy.
+
+In order: the previous executor if its host can bind the GPUs now (sticky: no state to move); else the
+replica whose host has the most idle GPUs; else migrate the replica on the most subscribed host to a host
+that can bind them (the GPUs there are reserved for the cell); else the cell must wait.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import migration
+from .cluster import Cell, ClusterModel, Host, Kernel
+from .decisions import MigrateThenRun, RunCell
+from .settings import SchedulerSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """Why a cell cannot start now (internal; the engine turns it into ``WaitInQueue``)."""
+
+    reason: str
+    scale_out_would_help: bool
+
+
+def _idle_text(host: Host) -> str:
+    return f"{host.idle} of {host.gpus} GPUs idle"
+
+
+def choose_executor(
+    model: ClusterModel,
+    kernel: Kernel,
+    cell_id: str,
+    gpus: int,
+    requested_at: float,
+    now: float,
+    settings: SchedulerSettings,
+) -> RunCell | MigrateThenRun | Blocked:
+    """Decide where the cell runs and commit its GPUs in the model (or say why it cannot start)."""
+    hosts = model.hosts
+    previous = kernel.last_executor
+    prev_host: Host | None = None
+    if previous is not None and previous in kernel.replicas and previous not in kernel.moving:
+        prev_host = hosts[kernel.replicas[previous]]
+        if prev_host.runnable and prev_host.idle >= gpus:
+            detail = f"sticky: previous executor's host {prev_host.name} has {_idle_text(prev_host)}"
+            return _run(
+                model, kernel, cell_id, previous, prev_host, gpus, requested_at, now, "sticky", detail
+            )
+
+    best: tuple[int, Host] | None = None
+    for rid, host_name in kernel.replicas.items():
+        if rid in kernel.moving or rid == previous:
+            continue
+        host = hosts[host_name]
+        if host.runnable and host.idle >= gpus and (best is None or host.idle > best[1].idle):
+            best = (rid, host)
+    if best is not None:
+        rid, host = best
+        if prev_host is not None:
+            why = (
+                f"previous executor's host {prev_host.name} has {_idle_text(prev_host)}, "
+                f"{host.name} has {host.idle}"
+            )
+        else:
+            why = f"{host.name} has the most idle GPUs of the kernel's hosts ({_idle_text(host)})"
+        return _run(model, kernel, cell_id, rid, host, gpus, requested_at, now, "most-idle", why)
+
+    if not kernel.replicas:
+        return Blocked(f"kernel {kernel.kernel_id} has no live replica (a replacement must be placed)", True)
+    busy = ", ".join(f"{h} {hosts[h].idle}/{hosts[h].gpus}" for h in sorted(set(kernel.replicas.values())))
+    no_local = f"no replica's host can bind {gpus} GPUs now (idle: {busy})"
+    if not settings.migration_enabled:
+        return Blocked(f"{no_local} and migration is disabled", True)
+    if len(model.migrations) >= settings.max_concurrent_migrations:
+        return Blocked(f"{no_local} and {len(model.migrations)} migrations are already in flight", False)
+    choice = migration.replica_to_move(model, kernel, settings.replicas)
+    if choice is None:
+        return Blocked(f"{no_local} and every replica is already moving", False)
+    cap = settings.subscription_ratio_cap
+    target = migration.target_for_cell(model, kernel, gpus, cap, settings.replicas)
+    if target is None:
+        return Blocked(f"{no_local} and no other host can bind them and take a replica", True)
+    rid, why_replica = choice
+    why = f"{no_local}; {why_replica}; {target.name} has {_idle_text(target)}"
+    plan = migration.begin(model, kernel, rid, target, "cell", why, cell_id)
+    devices = model.commit(target, gpus)
+    kernel.running = Cell(
+        kernel.kernel_id,
+        cell_id,
+        rid,
+        target.name,
+        devices,
+        requested_at,
+        None,
+        migration_id=plan.migration_id,
+    )
+    return MigrateThenRun(kernel.kernel_id, cell_id, gpus, devices, plan, now - requested_at)
+
+
+def _run(
+    model: ClusterModel,
+    kernel: Kernel,
+    cell_id: str,
+    replica_id: int,
+    host: Host,
+    gpus: int,
+    requested_at: float,
+    now: float,
+    reason: str,
+    detail: str,
+) -> RunCell:
+    devices = model.commit(host, gpus)
+    kernel.running = Cell(kernel.kernel_id, cell_id, replica_id, host.name, devices, requested_at, now)
+    kernel.last_executor = replica_id
+    return RunCell(
+        kernel.kernel_id, cell_id, replica_id, host.name, gpus, devices, reason, detail, now - requested_at
+    )

@@ -1,0 +1,40 @@
+"""Scheduler knobs as plain values.
+
+The deployer-facing traitlets live on :class:`~jupyter_notebookos.scheduler.engine.Scheduler` (so
+``c.Scheduler.scaling_factor = 1.2`` in a config file reaches them); the engine snapshots them into this
+frozen dataclass, which the pure policy modules read (cheaper than traitlet access on the hot path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POLICIES = ("notebookos", "reservation", "batch")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    """Every scheduler knob; see the traitlets of the same name on ``Scheduler`` for their meaning."""
+
+    policy: str = "notebookos"
+    replicas_per_kernel: int = 3
+    subscription_ratio_cap: float = 3.0
+    subscription_ratio_half_life_s: float = 60.0
+    gpus_per_host: int = 8
+    migration_enabled: bool = True
+    max_concurrent_migrations: int = 32
+    scaling_factor: float = 1.1
+    min_hosts: int = 3
+    idle_host_buffer: int = 1
+    max_scale_in_per_round: int = 1
+    scale_in_delay_s: float = 60.0
+    scale_for_queued_cells: bool = True
+
+    @property
+    def replicas(self) -> int:
+        """Replicas per kernel under the active policy (Reservation: 1, Batch: 0 persistent)."""
+        if self.policy == "reservation":
+            return 1
+        if self.policy == "batch":
+            return 0
+        return self.replicas_per_kernel
