@@ -1,1 +1,7 @@
-"""replication."""
+"""State replication: capture each cell's state delta, serialize it, ship large buffers to the object store.
+
+The replica kernel uses ``state.StateTracker`` (``before_cell`` / ``after_cell`` -> ``StateDelta``),
+``serialization.encode_delta`` (-> ``StateRecord``, whose bytes go to the state log) and
+``serialization.apply_record`` on followers; ``checkpoint.make_checkpoint`` / ``restore`` /
+``collect_garbage`` for log compaction and replacement replicas; ``objectstore.ObjectStore`` for the buffers.
+"""

@@ -1,0 +1,439 @@
+"""State records: a cell's delta (or a whole namespace) as compact bytes, and applying them on a replica.
+
+A record is ``b"NBS1"``, a 4-byte little-endian header length, a JSON header and one pickle::
+
+    header  {"k": "delta" | "checkpoint",
+             "b": [bound names, in payload order], "d": [deleted names],
+             "x": [[size, digest], ...]   out-of-band buffers, in the order the pickle consumes them
+             "u": {name: reason}}         names whose value could not be serialized
+    payload cloudpickle (protocol 5) of the list of bound values, ALL IN ONE PICKLE
+
+One pickle for all values is what keeps aliases aliases: ``a = b = []`` pickles the list once and both names
+get the same object back. Which names must travel together is the delta's business (state.py includes every
+name that shares an object with a changed one). Buffers of at least ``threshold`` bytes (numpy arrays and
+other protocol-5 buffers) leave the pickle through ``buffer_callback`` and go to the object store, addressed
+by content digest; the header keeps only their size and digest, so the record stays small enough for etcd.
+The header is readable without unpickling, which is what garbage collection and the log use.
+
+Functions defined in the notebook (``__globals__`` is the user namespace) are pickled by value (code,
+closure, defaults, attributes) but *without* the globals they read: on the replica they get the replica's
+own namespace as ``__globals__``, so they see later rebinding of globals exactly as on the executor. Classes
+defined in the notebook go by value through cloudpickle, whose class tracking makes instances sent in later
+cells instances of the very class object the replica already has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib
+import io
+import json
+import pickle
+import struct
+import sys
+import types
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+
+from jupyter_notebookos.replication.config import DEFAULT_BUFFER_THRESHOLD
+from jupyter_notebookos.replication.objectstore import BufferRef, ObjectStore
+
+if TYPE_CHECKING:
+    from jupyter_notebookos.replication.state import StateDelta
+
+MAGIC = b"NBS1"
+_HEADER_LEN = struct.Struct("<I")
+PROTOCOL = 5
+
+# The namespace that functions and namespace references resolve to while a record is being loaded.
+_LOAD_NAMESPACE: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "notebookos_load_namespace", default=None
+)
+
+
+class RecordFormatError(ValueError):
+    """Bytes that are not a state record of a format this version understands."""
+
+
+class UnreplicatedValueError(AttributeError):
+    """Raised when code touches a variable whose value never reached this replica."""
+
+
+class UnreplicatedValue:
+    """Stands in, on a replica, for a variable whose value could not be serialized on the executor.
+
+    Its repr and any attribute access say which variable it is and why it is missing, instead of a stale
+    older value or a bare ``NameError``.
+    """
+
+    __slots__ = ("name", "reason")
+
+    def __init__(self, name: str, reason: str):
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "reason", reason)
+
+    def _message(self) -> str:
+        return (
+            f"variable {self.name!r} was not replicated to this replica: its value could not be serialized "
+            f"({self.reason}). Re-run the cell that defines it."
+        )
+
+    def __getattr__(self, attr: str) -> Any:
+        raise UnreplicatedValueError(self._message())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise UnreplicatedValueError(self._message())
+
+    def __repr__(self) -> str:
+        return f"<not replicated: {self.name!r} ({self.reason})>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (UnreplicatedValue, (self.name, self.reason))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UnreplicatedValue) and (self.name, self.reason) == (other.name, other.reason)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.reason))
+
+
+# -- pickling --------------------------------------------------------------------------------------------
+
+
+class _EmptyCell:
+    """Marks an empty closure cell in a pickled function's state."""
+
+    def __reduce__(self) -> str:
+        return "EMPTY_CELL"
+
+
+EMPTY_CELL = _EmptyCell()
+
+
+class _NamespaceRef:
+    """Pickled in place of a value that *is* the user namespace (``g = globals()``)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_current_namespace, ())
+
+
+def _current_namespace() -> dict[str, Any]:
+    ns = _LOAD_NAMESPACE.get()
+    if ns is None:
+        # Loaded outside apply_record (a debugging session): a fresh namespace, not someone else's.
+        ns = {"__builtins__": __builtins__}
+        _LOAD_NAMESPACE.set(ns)
+    return ns
+
+
+def _make_notebook_function(code: types.CodeType, name: str, nfree: int) -> types.FunctionType:
+    closure = tuple(types.CellType() for _ in range(nfree)) if nfree else None
+    return types.FunctionType(code, _current_namespace(), name, None, closure)
+
+
+def _notebook_function_setstate(
+    func: types.FunctionType, state: tuple[dict[str, Any], dict[str, Any]]
+) -> None:
+    attrs, slots = state
+    func.__dict__.update(attrs)
+    cells = slots.pop("closure_values", ())
+    for cell, value in zip(func.__closure__ or (), cells, strict=False):
+        if value is not EMPTY_CELL:
+            cell.cell_contents = value
+    for key, value in slots.items():
+        setattr(func, key, value)
+
+
+def _import_module(name: str, submodules: list[str]) -> types.ModuleType:
+    module = importlib.import_module(name)
+    for sub in submodules:
+        # A submodule the executor had loaded that this replica cannot import: the parent still works.
+        with contextlib.suppress(Exception):
+            importlib.import_module(sub)
+    return module
+
+
+class NamespacePickler(cloudpickle.Pickler):
+    """cloudpickle's pickler, with notebook functions bound to the loading replica's own namespace.
+
+    ``namespace`` is the executor's user namespace; functions whose ``__globals__`` is that dict are pickled
+    without their globals' values. Importable modules are pickled by name, together with the submodules
+    loaded under them (``import xml.etree.ElementTree`` binds ``xml``; the replica needs the submodule too).
+    """
+
+    def __init__(
+        self,
+        file: Any,
+        *,
+        namespace: Mapping[str, Any],
+        buffer_callback: Any = None,
+    ):
+        super().__init__(file, protocol=PROTOCOL, buffer_callback=buffer_callback)
+        self.namespace = namespace
+
+    def reducer_override(self, obj: Any) -> Any:
+        """Modules by name with their loaded submodules; everything else as cloudpickle does it."""
+        if isinstance(obj, types.ModuleType) and sys.modules.get(obj.__name__) is obj:
+            prefix = obj.__name__ + "."
+            subs = sorted(k for k, m in list(sys.modules.items()) if k.startswith(prefix) and m is not None)
+            return (_import_module, (obj.__name__, subs))
+        reduced = super().reducer_override(obj)
+        if isinstance(obj, type) and isinstance(reduced, tuple) and len(reduced) > 2:
+            state = reduced[2]
+            if (
+                isinstance(state, tuple)
+                and state
+                and isinstance(state[0], dict)
+                and "__slotnames__" in state[0]
+            ):
+                # copyreg caches __slotnames__ on a class the first time one of its instances is pickled:
+                # a side effect of pickling, not a change the user made, and recomputed on demand anyway.
+                clsdict = {k: v for k, v in state[0].items() if k != "__slotnames__"}
+                reduced = (*reduced[:2], (clsdict, *state[1:]), *reduced[3:])
+        return reduced
+
+    def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
+        if func.__globals__ is not self.namespace:
+            return super()._dynamic_function_reduce(func)
+        closure_values = [_cell_value(cell) for cell in (func.__closure__ or ())]
+        slots = {
+            "__name__": func.__name__,
+            "__qualname__": func.__qualname__,
+            "__annotations__": func.__annotations__,
+            "__kwdefaults__": func.__kwdefaults__,
+            "__defaults__": func.__defaults__,
+            "__module__": func.__module__,
+            "__doc__": func.__doc__,
+            "closure_values": closure_values,
+        }
+        nfree = len(func.__code__.co_freevars)
+        return (
+            _make_notebook_function,
+            (func.__code__, func.__name__, nfree),
+            (dict(func.__dict__), slots),
+            None,
+            None,
+            _notebook_function_setstate,
+        )
+
+
+def _cell_value(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return EMPTY_CELL
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def unpicklable_reason(value: Any, namespace: Mapping[str, Any]) -> str | None:
+    """Why ``value`` cannot be pickled on its own, or None when it can."""
+    try:
+        NamespacePickler(io.BytesIO(), namespace=namespace, buffer_callback=lambda _b: False).dump(
+            _NamespaceRef() if value is namespace else value
+        )
+    except Exception as exc:
+        return _reason(exc)
+    return None
+
+
+# -- records ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StateRecord:
+    """One entry of the state log (``kind="delta"``) or a checkpoint (``kind="checkpoint"``).
+
+    ``bound`` names get the payload's values, in order; ``deleted`` names are removed; ``unserializable``
+    maps names whose value could not be serialized to the reason (a replica binds an
+    :class:`UnreplicatedValue` there); ``buffers`` point at the out-of-band buffers in the object store.
+    """
+
+    kind: str
+    bound: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+    buffers: tuple[BufferRef, ...] = ()
+    unserializable: Mapping[str, str] = field(default_factory=dict)
+    payload: bytes = b""
+
+    @property
+    def object_keys(self) -> list[str]:
+        """The object-store keys this record needs (what garbage collection must keep)."""
+        return [ref.key for ref in self.buffers]
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of state this record keeps in the object store."""
+        return sum(ref.size for ref in self.buffers)
+
+    def warning(self) -> str | None:
+        """The one user-facing warning about unserializable names, or None when every value replicated."""
+        if not self.unserializable:
+            return None
+        names = sorted(self.unserializable)
+        detail = "; ".join(f"{n}: {self.unserializable[n]}" for n in names)
+        listed = ", ".join(names)
+        return (
+            f"NotebookOS: {len(names)} variable(s) could not be serialized and will not survive a failover "
+            f"or migration of this kernel: {listed}. The cell itself succeeded. ({detail})"
+        )
+
+    def to_bytes(self) -> bytes:
+        """The record as compact bytes (what goes into the state log / a checkpoint object)."""
+        header: dict[str, Any] = {"k": self.kind}
+        if self.bound:
+            header["b"] = list(self.bound)
+        if self.deleted:
+            header["d"] = list(self.deleted)
+        if self.buffers:
+            header["x"] = [[ref.size, ref.digest] for ref in self.buffers]
+        if self.unserializable:
+            header["u"] = dict(self.unserializable)
+        head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        return MAGIC + _HEADER_LEN.pack(len(head)) + head + self.payload
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> StateRecord:
+        """Parse a record (header and payload; nothing is unpickled)."""
+        raw = bytes(data)
+        if raw[:4] != MAGIC or len(raw) < 8:
+            raise RecordFormatError(
+                "not a NotebookOS state record (bad magic): the log or checkpoint was written by something "
+                "else or a newer version of jupyter_notebookos."
+            )
+        (size,) = _HEADER_LEN.unpack_from(raw, 4)
+        try:
+            header = json.loads(raw[8 : 8 + size])
+        except ValueError as exc:
+            raise RecordFormatError(f"state record header is damaged: {exc}") from exc
+        return cls(
+            kind=header["k"],
+            bound=tuple(header.get("b", ())),
+            deleted=tuple(header.get("d", ())),
+            buffers=tuple(
+                BufferRef(key=ObjectStore.buffer_key(d), size=s, digest=d) for s, d in header.get("x", ())
+            ),
+            unserializable=header.get("u", {}),
+            payload=raw[8 + size :],
+        )
+
+
+def _dump(
+    values: list[Any], namespace: Mapping[str, Any], threshold: int
+) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    out_of_band: list[pickle.PickleBuffer] = []
+
+    def buffer_callback(buf: pickle.PickleBuffer) -> bool:
+        try:
+            size = buf.raw().nbytes
+        except BufferError:  # not contiguous: keep it in the stream
+            return True
+        if size >= threshold:
+            out_of_band.append(buf)
+            return False
+        return True
+
+    stream = io.BytesIO()
+    NamespacePickler(stream, namespace=namespace, buffer_callback=buffer_callback).dump(
+        [_NamespaceRef() if v is namespace else v for v in values]
+    )
+    return stream.getvalue(), out_of_band
+
+
+def encode_values(
+    values: Mapping[str, Any],
+    *,
+    namespace: Mapping[str, Any],
+    store: ObjectStore,
+    kind: str = "delta",
+    deleted: Iterable[str] = (),
+    threshold: int = DEFAULT_BUFFER_THRESHOLD,
+    unserializable: Mapping[str, str] | None = None,
+) -> StateRecord:
+    """Serialize ``values`` together into a record; large buffers go to ``store``.
+
+    ``namespace`` is the namespace the values live in (for notebook functions). A value that cannot be
+    pickled does not stop the others: it is left out and named in ``StateRecord.unserializable``.
+    """
+    remaining = dict(values)
+    failed: dict[str, str] = dict(unserializable or {})
+    while True:
+        try:
+            payload, buffers = _dump(list(remaining.values()), namespace, threshold)
+            break
+        except Exception as exc:
+            culprits = {
+                n: r for n, v in remaining.items() if (r := unpicklable_reason(v, namespace)) is not None
+            }
+            if not culprits:
+                # Every value pickles alone but not together (rare): none can be trusted to replicate.
+                culprits = dict.fromkeys(remaining, _reason(exc))
+            failed.update(culprits)
+            for name in culprits:
+                del remaining[name]
+    refs = tuple(store.put_buffer(buf.raw()) for buf in buffers)
+    return StateRecord(
+        kind=kind,
+        bound=tuple(remaining),
+        deleted=tuple(n for n in deleted if n not in remaining),
+        buffers=refs,
+        unserializable=failed,
+        payload=payload if remaining else b"",
+    )
+
+
+def encode_delta(
+    delta: StateDelta, store: ObjectStore, *, threshold: int = DEFAULT_BUFFER_THRESHOLD
+) -> StateRecord:
+    """Serialize one cell's :class:`~jupyter_notebookos.replication.state.StateDelta` into a log record.
+
+    Publish ``record.to_bytes()`` to the log; show ``record.warning()`` to the user when it is not None.
+    """
+    return encode_values(
+        delta.values,
+        namespace=delta.namespace,
+        store=store,
+        kind="delta",
+        deleted=delta.deleted,
+        threshold=threshold,
+        unserializable=delta.unpicklable,
+    )
+
+
+def load_values(record: StateRecord, store: ObjectStore, namespace: dict[str, Any]) -> dict[str, Any]:
+    """Unpickle a record's bound values (fetching its buffers); notebook functions get ``namespace``."""
+    if not record.bound:
+        return {}
+    buffers = [store.get_buffer(ref) for ref in record.buffers]
+    token = _LOAD_NAMESPACE.set(namespace)
+    try:
+        values = pickle.loads(record.payload, buffers=buffers)
+    finally:
+        _LOAD_NAMESPACE.reset(token)
+    return dict(zip(record.bound, values, strict=True))
+
+
+def apply_record(
+    record: bytes | bytearray | memoryview | StateRecord, user_ns: dict[str, Any], store: ObjectStore
+) -> StateRecord:
+    """Apply one record to ``user_ns``: delete its deleted names, bind its bound names.
+
+    Everything is loaded before the namespace is touched, so a failure (a missing buffer, a class that does
+    not import here) leaves ``user_ns`` exactly as it was. Names the executor could not serialize are bound
+    to an :class:`UnreplicatedValue` that explains itself. Returns the parsed record.
+    """
+    rec = record if isinstance(record, StateRecord) else StateRecord.from_bytes(record)
+    values = load_values(rec, store, user_ns)
+    for name in rec.deleted:
+        user_ns.pop(name, None)
+    user_ns.update(values)
+    for name, reason in rec.unserializable.items():
+        user_ns[name] = UnreplicatedValue(name, reason)
+    return rec
