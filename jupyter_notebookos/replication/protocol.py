@@ -41,7 +41,10 @@ Log records
 Checkpoints
     When every live replica has applied record ``n`` and the log holds more than a threshold of records, a
     replica writes a checkpoint of its namespace to the object store, points ``keys.checkpoint(kid)`` at it
-    (:class:`CheckpointPointer`) and deletes records ``<= n`` in the same transaction.
+    (:class:`CheckpointPointer`) and deletes records ``<= n`` in the same transaction. The checkpoint's
+    own ``seq`` may be later than ``n`` (the executor checkpoints its namespace as of the record it just
+    published, while a follower may still need the records before it); a restoring replica applies the
+    records after ``seq``.
 """
 
 from __future__ import annotations
@@ -67,6 +70,9 @@ ENV_BUFFER_THRESHOLD = "NOTEBOOKOS_BUFFER_THRESHOLD"  # bytes above which buffer
 ENV_CHECKPOINT_EVERY = "NOTEBOOKOS_CHECKPOINT_EVERY"  # records in the log before a checkpoint is taken
 
 DEFAULT_LEASE_TTL = 5
+#: The seq of a kernel's first log record. ``applied_seq == FIRST_SEQ - 1`` means nothing applied yet (a new
+#: kernel); the router's first cell gets ``CellDirective.seq == FIRST_SEQ``.
+FIRST_SEQ = 1
 DEFAULT_BUFFER_THRESHOLD = 1 << 20
 DEFAULT_CHECKPOINT_EVERY = 32
 
