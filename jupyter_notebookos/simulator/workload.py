@@ -42,9 +42,9 @@ class Session:
     gpus: int = field(default=0)
 
     def __post_init__(self) -> None:
-        if not self.tasks:
-            raise ValueError(f"session {self.session_id} has no tasks")
         if self.gpus <= 0:
+            if not self.tasks:
+                raise ValueError(f"session {self.session_id} has neither tasks nor a GPU request")
             object.__setattr__(self, "gpus", max(t.gpus for t in self.tasks))
 
     @classmethod
@@ -89,11 +89,10 @@ class Workload:
 def clip_to_window(workload: Workload, start_s: float, end_s: float, warmup_s: float) -> Workload:
     """The part of `workload` a simulation of the window [start_s, end_s) needs.
 
-    Keeps tasks submitted before `end_s` that are still running at `start_s - warmup_s` or later, and
-    sessions alive in that interval with at least one kept task, their life clipped to begin no earlier than
-    `start_s - warmup_s`. The warm-up lets the cluster fill up before measuring starts; tasks that ended
-    before it cannot affect the window and are dropped. A session alive in the window whose kept tasks are
-    all outside it still holds GPUs under Reservation, so it is kept as long as one task is kept.
+    Keeps tasks submitted before `end_s` that are still running at `start_s - warmup_s` or later, and every
+    session alive in that interval (even with no task kept: under Reservation it still holds its GPUs), its
+    life clipped to begin no earlier than `start_s - warmup_s` (or its first kept task). The warm-up lets
+    the cluster fill up before measuring starts; tasks that ended before it cannot affect the window.
     """
     horizon = start_s - warmup_s
     kept: list[Session] = []
@@ -101,8 +100,8 @@ def clip_to_window(workload: Workload, start_s: float, end_s: float, warmup_s: f
         if session.end_s <= horizon or session.start_s >= end_s:
             continue
         tasks = tuple(t for t in session.tasks if t.submit_s < end_s and t.end_s > horizon)
-        if not tasks:
-            continue
-        start = min(max(session.start_s, horizon), tasks[0].submit_s)
+        start = max(session.start_s, horizon)
+        if tasks:
+            start = min(start, tasks[0].submit_s)
         kept.append(replace(session, tasks=tasks, start_s=start))
     return Workload(name=workload.name, sessions=tuple(kept))

@@ -1,0 +1,133 @@
+"""What one simulated policy run measured, and its summary in the `--json` schema.
+
+Integrals (GPU-hours) are exact: the simulator reports every change of a level (hosts up, GPUs training)
+with its time, and each piecewise-constant level is integrated over the measurement interval
+[`measure_start_s`, `measure_end_s`). Delays count for tasks submitted inside that interval.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+IMMEDIATE_S = 1.0  # a cell that starts within this many seconds of submission counts as immediate
+
+
+class Level:
+    """A piecewise-constant quantity over time, integrated over [lo, hi) and sampled for plots."""
+
+    __slots__ = ("_hi", "_lo", "_t", "integral", "samples_t", "samples_v", "value")
+
+    def __init__(self, lo: float, hi: float, start: float, value: float = 0.0) -> None:
+        self._lo = lo
+        self._hi = hi
+        self._t = start
+        self.value = value
+        self.integral = 0.0
+        self.samples_t: list[float] = [start]
+        self.samples_v: list[float] = [value]
+
+    def set(self, now: float, value: float) -> None:
+        """The level is `value` from `now` on (times never go back)."""
+        if value == self.value:
+            return
+        self._advance(now)
+        self.value = value
+        self.samples_t.append(now)
+        self.samples_v.append(value)
+
+    def add(self, now: float, delta: float) -> None:
+        """Change the level by `delta` at `now`."""
+        self.set(now, self.value + delta)
+
+    def _advance(self, now: float) -> None:
+        lo = max(self._t, self._lo)
+        hi = min(now, self._hi)
+        if hi > lo:
+            self.integral += self.value * (hi - lo)
+        self._t = max(self._t, now)
+
+    def close(self, now: float) -> None:
+        """Integrate up to `now` (the end of the run)."""
+        self._advance(now)
+        self.samples_t.append(now)
+        self.samples_v.append(self.value)
+
+
+@dataclass
+class PolicyMetrics:
+    """Counters and levels of one policy run."""
+
+    policy: str
+    measure_start_s: float
+    measure_end_s: float
+    provisioned_gpus: Level
+    busy_gpus: Level
+    committed_gpus: Level
+    delays_s: list[float] = field(default_factory=list)
+    tasks_run: int = 0
+    migrations: int = 0
+    scale_outs: int = 0
+    scale_ins: int = 0
+    hosts_added: int = 0
+    hosts_removed: int = 0
+    rejected_cells: int = 0
+    restores: int = 0
+    end_s: float = 0.0
+    decision_counts: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, policy: str, t0: float, measure_start_s: float, measure_end_s: float) -> PolicyMetrics:
+        """Fresh metrics for a run that begins at `t0`."""
+        lo, hi = measure_start_s, measure_end_s
+        return cls(policy, lo, hi, Level(lo, hi, t0), Level(lo, hi, t0), Level(lo, hi, t0))
+
+    def record_start(self, submit_s: float, start_s: float) -> None:
+        """A task started executing; its delay counts if it was submitted inside the measured interval."""
+        self.tasks_run += 1
+        if self.measure_start_s <= submit_s < self.measure_end_s:
+            self.delays_s.append(start_s - submit_s)
+
+    def close(self, now: float) -> None:
+        """End of the run: integrate every level up to `now`."""
+        self.end_s = now
+        for level in (self.provisioned_gpus, self.busy_gpus, self.committed_gpus):
+            level.close(now)
+
+    def summary(self) -> dict[str, Any]:
+        """This run in the `policies.NAME` shape of the `--json` output."""
+        provisioned = self.provisioned_gpus.integral / 3600.0
+        busy = self.busy_gpus.integral / 3600.0
+        delays = np.asarray(self.delays_s, dtype=float)
+        if delays.size:
+            p50, p95, p99 = (float(x) for x in np.percentile(delays, [50, 95, 99]))
+            worst = float(delays.max())
+            immediate = float(np.count_nonzero(delays <= IMMEDIATE_S)) / delays.size
+        else:
+            p50 = p95 = p99 = worst = 0.0
+            immediate = 1.0
+        return {
+            "provisioned_gpu_hours": round(provisioned, 3),
+            "busy_gpu_hours": round(busy, 3),
+            "utilization": round(busy / provisioned, 4) if provisioned > 0 else 0.0,
+            "delay_s": {"p50": _r(p50), "p95": _r(p95), "p99": _r(p99), "max": _r(worst)},
+            "immediate_fraction": round(immediate, 4),
+            "migrations": self.migrations,
+            "scale_outs": self.scale_outs,
+            "scale_ins": self.scale_ins,
+        }
+
+
+def _r(x: float) -> float:
+    return round(x, 3) if math.isfinite(x) else x
+
+
+def saved_vs_reservation(summaries: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Provisioned GPU-hours each policy saved against Reservation (empty without a Reservation run)."""
+    if "reservation" not in summaries:
+        return {}
+    base = summaries["reservation"]["provisioned_gpu_hours"]
+    return {name: round(base - s["provisioned_gpu_hours"], 3) for name, s in summaries.items()}

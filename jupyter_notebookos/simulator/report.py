@@ -1,0 +1,55 @@
+"""Output of `notebookos simulate`: the one JSON object of `--json`, or a readable table."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+
+def result_document(
+    start_hour: float, hours: float, sessions: int, tasks: int, summaries: dict[str, dict[str, Any]],
+    saved: dict[str, float],
+) -> dict[str, Any]:
+    """The `--json` object: window, per-policy figures and the saving against Reservation."""
+    return {
+        "window": {"start_hour": round(start_hour, 4), "hours": round(hours, 4), "sessions": sessions,
+                   "tasks": tasks},
+        "policies": summaries,
+        "saved_gpu_hours_vs_reservation": saved,
+    }
+
+
+def write_json(document: dict[str, Any], out: TextIO) -> None:
+    """Print exactly one JSON object and a newline."""
+    out.write(json.dumps(document, sort_keys=False) + "\n")
+
+
+def write_table(document: dict[str, Any], console: Console, title: str = "") -> None:
+    """Print the run as a table: one row per policy."""
+    window = document["window"]
+    caption = (
+        f"window: hour {window['start_hour']:g} + {window['hours']:g} h, {window['sessions']} sessions, "
+        f"{window['tasks']} tasks; delay = submission to start of execution"
+    )
+    table = Table(title=title or "notebookos simulate", caption=caption)
+    for column in ("policy", "provisioned GPU-h", "busy GPU-h", "util.", "saved vs resv. GPU-h",
+                   "delay p50 / p95 / p99 / max (s)", "≤1 s", "migrations", "scale out / in"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    saved = document["saved_gpu_hours_vs_reservation"]
+    for name, p in document["policies"].items():
+        d = p["delay_s"]
+        table.add_row(
+            name,
+            f"{p['provisioned_gpu_hours']:,.1f}",
+            f"{p['busy_gpu_hours']:,.1f}",
+            f"{100 * p['utilization']:.1f} %",
+            f"{saved[name]:,.1f}" if name in saved else "-",
+            f"{d['p50']:.2f} / {d['p95']:.2f} / {d['p99']:.2f} / {d['max']:.1f}",
+            f"{100 * p['immediate_fraction']:.1f} %",
+            str(p["migrations"]),
+            f"{p['scale_outs']} / {p['scale_ins']}",
+        )
+    console.print(table)

@@ -1,0 +1,384 @@
+"""The discrete-event engine: replays a workload against the real scheduler in simulated time.
+
+One `Simulation` runs one policy. Every decision (placement, executor, queueing, migration, autoscaling)
+comes from `jupyter_notebookos.scheduler.Scheduler`, the same object the live gateway drives; this module
+only plays the rest of the world: users submitting cells at their trace times, cells running for their
+trace durations, containers starting, state restoring, migrations taking time and hosts being provisioned
+(all durations from `costs.CostModel`).
+
+Events live in a heap ordered by (time, kind, sequence); the kind order settles ties so that capacity is
+freed (hosts ready, cells ending) before it is asked for (sessions starting, cells submitted).
+
+What the engine adds around the scheduler (the scheduler has no view of these):
+- Kernels whose placement was refused wait here in FIFO order, with their cells held; the engine asks
+  for the hosts the refusal says are short and retries when a host joins or the autoscaler runs.
+- A kernel's replicas need `container_start_s` before they can run a cell (not Batch: it pays that per
+  cell). Cells submitted earlier are held here and count their wait as delay.
+- A session whose life ends while one of its cells is still queued or running ends when that cell ends.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_notebookos.scheduler.cluster import HostSpec
+from jupyter_notebookos.scheduler.decisions import (
+    MigrateThenRun,
+    MigrationCompleted,
+    MigrationPlan,
+    Placement,
+    PlacementRefused,
+    RejectCell,
+    RunCell,
+    ScalingDecision,
+    WaitInQueue,
+)
+from jupyter_notebookos.scheduler.engine import Scheduler
+from jupyter_notebookos.simulator.costs import CostModel
+from jupyter_notebookos.simulator.metrics import PolicyMetrics
+from jupyter_notebookos.simulator.workload import Workload
+
+# Event kinds, in tie-breaking order at equal times.
+HOST_READY = 0
+TASK_END = 1
+MIGRATION_DONE = 2
+SESSION_END = 3
+SESSION_START = 4
+KERNEL_READY = 5
+TASK_SUBMIT = 6
+CELL_START = 7
+AUTOSCALE = 8
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationConfig:
+    """How to run one policy: the policy, the cost model and the scheduler's knobs.
+
+    `scheduler_options` are traitlets of `Scheduler` (`scaling_factor`, `min_hosts`, ...); `gpus_per_host`
+    comes from the cost model. Metrics count over [`measure_start_s`, `measure_end_s`); the run stops at
+    `measure_end_s` when it is finite, else when every session has ended.
+    """
+
+    policy: str
+    costs: CostModel = field(default_factory=CostModel)
+    scheduler_options: dict[str, Any] = field(default_factory=dict)
+    autoscale_interval_s: float = 60.0
+    initial_hosts: int | None = None
+    measure_start_s: float = -math.inf
+    measure_end_s: float = math.inf
+
+    def __post_init__(self) -> None:
+        if self.autoscale_interval_s <= 0:
+            raise ValueError("the autoscaling interval must be > 0")
+        if self.initial_hosts is not None and self.initial_hosts < 0:
+            raise ValueError("initial hosts must be >= 0")
+
+
+class _SessionState:
+    __slots__ = ("active", "ending", "held", "kernel_ready", "outstanding", "placed", "stopped")
+
+    def __init__(self, tasks: int) -> None:
+        self.active = False
+        self.placed = False
+        self.kernel_ready = False
+        self.stopped = False
+        self.ending = False
+        self.held: list[int] = []  # task indexes submitted before the kernel could take them
+        self.outstanding = tasks  # tasks not yet finished (or rejected)
+
+
+class Simulation:
+    """One policy over one workload; call `run()` once."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        config: SimulationConfig,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        self.workload = workload
+        self.config = config
+        self.costs = config.costs
+        self.progress = progress
+        options = dict(config.scheduler_options)
+        options["gpus_per_host"] = config.costs.gpus_per_host
+        self.scheduler = Scheduler(policy=config.policy, **options)
+        self.policy = self.scheduler.settings.policy
+        self._events: list[tuple[float, int, int, int, int]] = []
+        self._seq = 0
+        self._sessions = workload.sessions
+        self._state = [_SessionState(len(s.tasks)) for s in workload.sessions]
+        self._index = {s.session_id: i for i, s in enumerate(workload.sessions)}
+        self._waiting: deque[int] = deque()  # sessions whose placement was refused, FIFO
+        self._claimed = 0  # provisioning hosts already promised to waiting sessions
+        self._provisioning = 0
+        self._host_seq = 0
+        self._hosts_up = 0
+        self._active = 0
+        self._migration_cell: dict[int, tuple[int, int]] = {}
+        t0, _ = workload.span_s
+        self.t0 = t0
+        self.metrics = PolicyMetrics.start(self.policy, t0, config.measure_start_s, config.measure_end_s)
+
+    # --- event plumbing -------------------------------------------------------------------------------
+
+    def _push(self, t: float, kind: int, a: int = 0, b: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, kind, self._seq, a, b))
+
+    def run(self) -> PolicyMetrics:
+        """Play every event; returns the metrics of the run."""
+        gpus = self.costs.gpus_per_host
+        initial = self.scheduler.settings.min_hosts if self.config.initial_hosts is None else self.config.initial_hosts
+        for _ in range(initial):
+            self._add_host(self.t0)
+        self.metrics.provisioned_gpus.set(self.t0, self._hosts_up * gpus)
+        for i, session in enumerate(self._sessions):
+            self._push(session.start_s, SESSION_START, i)
+            self._push(session.end_s, SESSION_END, i)
+            if session.tasks:
+                self._push(session.tasks[0].submit_s, TASK_SUBMIT, i, 0)
+        self._push(self.t0, AUTOSCALE)
+        stop_at = self.config.measure_end_s
+        handlers = {
+            HOST_READY: self._on_host_ready,
+            TASK_END: self._on_task_end,
+            MIGRATION_DONE: self._on_migration_done,
+            SESSION_END: self._on_session_end,
+            SESSION_START: self._on_session_start,
+            KERNEL_READY: self._on_kernel_ready,
+            TASK_SUBMIT: self._on_task_submit,
+            CELL_START: self._on_cell_start,
+            AUTOSCALE: self._on_autoscale,
+        }
+        now = self.t0
+        events = self._events
+        count = 0
+        while events:
+            t, kind, _, a, b = heapq.heappop(events)
+            if t >= stop_at:
+                now = stop_at
+                break
+            now = t
+            handlers[kind](now, a, b)
+            count += 1
+            if self.progress is not None and count % 4096 == 0:
+                self.progress(now)
+        self.metrics.close(now)
+        if self.progress is not None:
+            self.progress(now)
+        return self.metrics
+
+    # --- hosts ----------------------------------------------------------------------------------------
+
+    def _add_host(self, now: float) -> None:
+        self._host_seq += 1
+        self.scheduler.add_host(HostSpec(f"host-{self._host_seq}", self.costs.gpus_per_host), now)
+        self._hosts_up += 1
+
+    def _provision(self, now: float, count: int) -> None:
+        if count <= 0:
+            return
+        self._provisioning += count
+        self._hosts_up += count  # billed from the request on
+        self.metrics.provisioned_gpus.set(now, self._hosts_up * self.costs.gpus_per_host)
+        self.metrics.hosts_added += count
+        self.metrics.scale_outs += count
+        for _ in range(count):
+            self._push(now + self.costs.host_provision_s, HOST_READY)
+
+    def _on_host_ready(self, now: float, a: int, b: int) -> None:
+        self._provisioning -= 1
+        self._claimed = max(0, self._claimed - 1)
+        self._hosts_up -= 1  # _add_host counts it again
+        self._add_host(now)
+        self._retry_waiting(now)
+        self._dispatch(now)
+
+    def _on_autoscale(self, now: float, a: int, b: int) -> None:
+        decision = self.scheduler.autoscale(now, self._provisioning)
+        self._apply_scaling(now, decision)
+        self._retry_waiting(now)
+        if self._waiting or self._active:
+            self._push(now + self.config.autoscale_interval_s, AUTOSCALE)
+
+    def _apply_scaling(self, now: float, decision: ScalingDecision) -> None:
+        self._count(decision)
+        if decision.add_hosts:
+            self._provision(now, decision.add_hosts)
+        for plan in decision.migrations:
+            self._begin_migration(now, plan)
+        for name in decision.remove:
+            self.scheduler.remove_host(name, now)
+            self._hosts_up -= 1
+            self.metrics.hosts_removed += 1
+            self.metrics.scale_ins += 1
+        if decision.remove:
+            self.metrics.provisioned_gpus.set(now, self._hosts_up * self.costs.gpus_per_host)
+        if decision.undrain:
+            self._dispatch(now)
+
+    # --- sessions -------------------------------------------------------------------------------------
+
+    def _on_session_start(self, now: float, i: int, b: int) -> None:
+        self._state[i].active = True
+        self._active += 1
+        if not self._place(now, i):
+            self._waiting.append(i)
+
+    def _place(self, now: float, i: int) -> bool:
+        """Try to place session i's kernel; False if it must wait for hosts."""
+        session = self._sessions[i]
+        state = self._state[i]
+        decision = self.scheduler.start_kernel(session.session_id, session.gpus, now)
+        self._count(decision)
+        if isinstance(decision, Placement):
+            state.placed = True
+            ready_in = 0.0 if self.policy == "batch" else self.costs.container_start_s
+            self._push(now + ready_in, KERNEL_READY, i)
+            return True
+        assert isinstance(decision, PlacementRefused)
+        if not decision.scale_out_would_help:
+            self._reject_session(now, i)
+            return True  # nothing to wait for
+        unclaimed = self._provisioning - self._claimed
+        need = max(1, decision.hosts_short)
+        if need > unclaimed:
+            self._provision(now, need - unclaimed)
+        self._claimed = min(self._provisioning, self._claimed + need)
+        return False
+
+    def _reject_session(self, now: float, i: int) -> None:
+        state = self._state[i]
+        state.stopped = True
+        state.placed = False
+        self.metrics.rejected_cells += state.outstanding
+        state.outstanding = 0
+        state.held.clear()
+
+    def _retry_waiting(self, now: float) -> None:
+        for _ in range(len(self._waiting)):
+            i = self._waiting.popleft()
+            state = self._state[i]
+            if state.stopped or state.placed:
+                continue
+            if not self._place(now, i):
+                self._waiting.append(i)
+
+    def _on_kernel_ready(self, now: float, i: int, b: int) -> None:
+        state = self._state[i]
+        if state.stopped:
+            return
+        state.kernel_ready = True
+        held, state.held = state.held, []
+        for task in held:
+            self._request(now, i, task)
+
+    def _on_session_end(self, now: float, i: int, b: int) -> None:
+        state = self._state[i]
+        state.ending = True
+        if state.outstanding == 0:
+            self._stop(now, i)
+
+    def _stop(self, now: float, i: int) -> None:
+        state = self._state[i]
+        if state.placed:
+            self._count(self.scheduler.stop_kernel(self._sessions[i].session_id, now))
+        if state.active:
+            state.active = False
+            self._active -= 1
+        state.stopped = True
+        state.placed = False
+
+    # --- cells ----------------------------------------------------------------------------------------
+
+    def _on_task_submit(self, now: float, i: int, k: int) -> None:
+        session = self._sessions[i]
+        state = self._state[i]
+        if k + 1 < len(session.tasks):
+            self._push(session.tasks[k + 1].submit_s, TASK_SUBMIT, i, k + 1)
+        if state.stopped:
+            return
+        if not state.kernel_ready:
+            state.held.append(k)
+            return
+        self._request(now, i, k)
+
+    def _request(self, now: float, i: int, k: int) -> None:
+        session = self._sessions[i]
+        task = session.tasks[k]
+        decision = self.scheduler.request_cell(session.session_id, str(k), now, gpus=task.gpus)
+        self._count(decision)
+        self._handle_cell(now, decision)
+
+    def _handle_cell(self, now: float, decision: RunCell | MigrateThenRun | WaitInQueue | RejectCell) -> None:
+        if isinstance(decision, RunCell):
+            self._run_cell(now, decision)
+        elif isinstance(decision, MigrateThenRun):
+            self._begin_migration(now, decision.migration)
+        elif isinstance(decision, RejectCell):
+            i = self._index[decision.kernel_id]
+            self.metrics.rejected_cells += 1
+            self._finish_task(now, i)
+
+    def _run_cell(self, now: float, decision: RunCell) -> None:
+        if decision.reason == "fresh-replica":
+            overhead = self.costs.batch_cell_overhead_s
+            self.metrics.restores += 1
+        elif decision.reason == "reserved":
+            overhead = 0.0  # the session's GPUs are already bound to its only replica
+        else:
+            overhead = self.costs.cell_commit_s
+        self._push(now + overhead, CELL_START, self._index[decision.kernel_id], int(decision.cell_id))
+
+    def _on_cell_start(self, now: float, i: int, k: int) -> None:
+        task = self._sessions[i].tasks[k]
+        self.metrics.record_start(task.submit_s, now)
+        self.metrics.busy_gpus.add(now, task.gpus)
+        self.metrics.committed_gpus.set(now, self.scheduler.model.busy)
+        self._push(now + task.duration_s, TASK_END, i, k)
+
+    def _on_task_end(self, now: float, i: int, k: int) -> None:
+        session = self._sessions[i]
+        self.metrics.busy_gpus.add(now, -session.tasks[k].gpus)
+        self._count(self.scheduler.cell_finished(session.session_id, str(k), now))
+        self._finish_task(now, i)
+        self._dispatch(now)
+        self.metrics.committed_gpus.set(now, self.scheduler.model.busy)
+
+    def _finish_task(self, now: float, i: int) -> None:
+        state = self._state[i]
+        state.outstanding -= 1
+        if state.outstanding == 0 and state.ending:
+            self._stop(now, i)
+
+    def _dispatch(self, now: float) -> None:
+        if not len(self.scheduler.queue):
+            return
+        dispatch = self.scheduler.dispatch_queued(now)
+        for decision in dispatch.started:
+            self._count(decision)
+            self._handle_cell(now, decision)
+
+    # --- migrations -----------------------------------------------------------------------------------
+
+    def _begin_migration(self, now: float, plan: MigrationPlan) -> None:
+        self.metrics.migrations += 1
+        self._push(now + self.costs.migration_total_s, MIGRATION_DONE, plan.migration_id)
+
+    def _on_migration_done(self, now: float, migration_id: int, b: int) -> None:
+        decision = self.scheduler.migration_finished(migration_id, now)
+        self._count(decision)
+        if isinstance(decision, MigrationCompleted) and decision.run is not None:
+            self._push(now + self.costs.cell_commit_s, CELL_START, self._index[decision.run.kernel_id],
+                       int(decision.run.cell_id))
+
+    def _count(self, decision: object) -> None:
+        name = type(decision).__name__
+        counts = self.metrics.decision_counts
+        counts[name] = counts.get(name, 0) + 1
