@@ -119,11 +119,7 @@ def _grpc_target(endpoints: Sequence[str]) -> str:
             # A host name: resolve it now (gRPC's static-list target takes addresses only).
             infos = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)
             addresses.extend(sorted({f"{info[4][0]}:{port}" for info in infos}))
-    return (
-        "ipv4:" + ",".join(addresses)
-        if all("[" not in a for a in addresses)
-        else "ipv6:" + ",".join(addresses)
-    )
+    return "ipv4:" + ",".join(addresses) if all("[" not in a for a in addresses) else "ipv6:" + ",".join(addresses)
 
 
 class Coordinator:
@@ -255,9 +251,7 @@ class Coordinator:
         )
         return KeyValue.from_proto(reply.kvs[0]) if reply.kvs else None
 
-    async def get_prefix(
-        self, prefix: str, *, keys_only: bool = False, timeout: float | None = None
-    ) -> RangeResult:
+    async def get_prefix(self, prefix: str, *, keys_only: bool = False, timeout: float | None = None) -> RangeResult:
         """Every key starting with ``prefix``, in key order, with the revision of the read."""
         raw = prefix.encode()
         request = _proto.RangeRequest(key=raw, range_end=_proto.prefix_range_end(raw), keys_only=keys_only)
@@ -282,9 +276,7 @@ class Coordinator:
         """Delete every key starting with ``prefix``. Returns how many there were."""
         raw = prefix.encode()
         request = _proto.DeleteRangeRequest(key=raw, range_end=_proto.prefix_range_end(raw))
-        reply = await self._unary(
-            self._kv.DeleteRange, request, f"delete prefix {prefix}", timeout, idempotent=True
-        )
+        reply = await self._unary(self._kv.DeleteRange, request, f"delete prefix {prefix}", timeout, idempotent=True)
         return int(reply.deleted)
 
     async def txn(
@@ -327,9 +319,7 @@ class Coordinator:
 
     async def status(self, *, timeout: float | None = None) -> dict[str, Any]:
         """One member's view: version, leader id, Raft term, revision and database size."""
-        reply = await self._unary(
-            self._maintenance.Status, _proto.StatusRequest(), "status", timeout, idempotent=True
-        )
+        reply = await self._unary(self._maintenance.Status, _proto.StatusRequest(), "status", timeout, idempotent=True)
         return {
             "version": reply.version,
             "member": reply.header.member_id,

@@ -109,8 +109,8 @@ class Election:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-            if vacated.done() and not vacated.cancelled() and vacated.exception() is not None:
-                raise vacated.exception()  # type: ignore[misc]
+            if vacated.done() and not vacated.cancelled() and (error := vacated.exception()) is not None:
+                raise error
         self.lease.check()
 
     @staticmethod
@@ -164,9 +164,7 @@ class Election:
                     f"fenced write refused: {self.key} was won with token {self.token}, {now}: a stale "
                     "leader must not commit"
                 )
-            raise TransactionConflict(
-                f"transaction refused: a compare did not hold (still leader of {self.key})"
-            )
+            raise TransactionConflict(f"transaction refused: a compare did not hold (still leader of {self.key})")
         return result
 
     async def resign(self, *, timeout: float | None = None) -> bool:

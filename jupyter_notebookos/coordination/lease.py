@@ -91,9 +91,7 @@ class Lease:
     def start_keepalive(self) -> None:
         """Renew the lease in the background until it is revoked, lost, or the coordinator closes."""
         if self._task is None and self.alive:
-            self._task = asyncio.get_running_loop().create_task(
-                self._keepalive_loop(), name=f"lease-{self.id:x}"
-            )
+            self._task = asyncio.get_running_loop().create_task(self._keepalive_loop(), name=f"lease-{self.id:x}")
 
     async def stop_keepalive(self) -> None:
         """Stop renewing; the lease then expires after its TTL unless revoked first."""

@@ -127,13 +127,9 @@ class Op:
         key = self.key.encode()
         range_end = _proto.prefix_range_end(key) if self.prefix else b""
         if self.kind == "put":
-            return _proto.RequestOp(
-                request_put=_proto.PutRequest(key=key, value=self.value, lease=self.lease)
-            )
+            return _proto.RequestOp(request_put=_proto.PutRequest(key=key, value=self.value, lease=self.lease))
         if self.kind == "delete":
-            return _proto.RequestOp(
-                request_delete_range=_proto.DeleteRangeRequest(key=key, range_end=range_end)
-            )
+            return _proto.RequestOp(request_delete_range=_proto.DeleteRangeRequest(key=key, range_end=range_end))
         return _proto.RequestOp(request_range=_proto.RangeRequest(key=key, range_end=range_end))
 
 

@@ -39,9 +39,7 @@ class Watch:
     stops it. :meth:`ready` waits until etcd has accepted the watch.
     """
 
-    def __init__(
-        self, coordinator: Coordinator, key: str, start_revision: int | None, *, exact: bool = False
-    ) -> None:
+    def __init__(self, coordinator: Coordinator, key: str, start_revision: int | None, *, exact: bool = False) -> None:
         self.key = key
         raw = key.encode()
         self._key = raw
@@ -52,6 +50,7 @@ class Watch:
         self._queue: asyncio.Queue[WatchEvent | BaseException | None] = asyncio.Queue()
         self._ready = asyncio.Event()
         self._closed = False
+        self._error: Exception | None = None
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"watch {key}")
         coordinator._watches.add(self)
 
@@ -90,8 +89,8 @@ class Watch:
         finally:
             done.cancel()
         if not self._ready.is_set():
-            if self._task.done() and not self._task.cancelled() and self._task.exception() is not None:
-                raise self._task.exception()  # type: ignore[misc]
+            if self._error is not None:
+                raise self._error
             raise CoordinationError(f"etcd did not accept a watch on {self.key!r} within {budget} s")
         assert self.next_revision is not None
         return self.next_revision
@@ -117,9 +116,11 @@ class Watch:
                 backoff = min(backoff * 2, _RECONNECT_MAX)
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:
+        except Exception as exc:
+            # Handed to the consumer through the queue; not re-raised, so the task never ends with an
+            # exception nobody retrieves (asyncio would log it from a finalizer).
+            self._error = exc
             self._queue.put_nowait(exc)
-            raise
 
     async def _stream(self) -> bool:
         """One watch stream, until it breaks. Returns whether it got as far as being created."""
@@ -140,9 +141,7 @@ class Watch:
             while True:
                 reply = await call.read()
                 if reply is grpc.aio.EOF:
-                    log.info(
-                        "watch %s: stream ended, resuming from revision %s", self.key, self.next_revision
-                    )
+                    log.info("watch %s: stream ended, resuming from revision %s", self.key, self.next_revision)
                     return created
                 if reply.compact_revision:
                     raise WatchCompacted(self.key, self.next_revision or 0, reply.compact_revision)

