@@ -1,0 +1,248 @@
+"""The pure manifest builders: pods, placeholders and the PriorityClass, validated offline for Kubernetes 1.30."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fakekube import IMAGE, NAMESPACE, FakeCluster, validate_strict
+
+from jupyter_notebookos.launchers.base import ReplicaSpec
+from jupyter_notebookos.launchers.kubernetes import objects
+from jupyter_notebookos.launchers.kubernetes.launcher import KubernetesLauncher
+from jupyter_notebookos.launchers.kubernetes.objects import InvalidKernelRequest
+
+KERNEL = "6f1c2a0e-5d0b-4c36-9f4e-2b9d0c1e7a11"
+SETTINGS = objects.PodSettings(
+    namespace=NAMESPACE,
+    image=IMAGE,
+    service_account="notebookos-replica",
+    node_selector={"nvidia.com/gpu.present": "true"},
+    tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
+    etcd_endpoints="etcd-0:2379,etcd-1:2379,etcd-2:2379",
+    etcd_tls_secret="notebookos-etcd-client-tls",
+    object_store_url="file:///mnt/notebookos-store",
+    object_store_claim="notebookos-object-store",
+    image_pull_secrets=("regcred",),
+)
+
+
+def spec(env: dict[str, str] | None = None, config: dict[str, Any] | None = None, host: str = "gpu-node-1") -> ReplicaSpec:
+    return ReplicaSpec(
+        kernel_id=KERNEL,
+        replica_id="r1",
+        host=host,
+        kernel_name="python3-notebookos",
+        env={"KERNEL_USERNAME": "alice", **(env or {})},
+        config=config or {},
+    )
+
+
+def build(env: dict[str, str] | None = None, config: dict[str, Any] | None = None, node: str | None = "gpu-node-1") -> dict[str, Any]:
+    replica = spec(env, config)
+    request = objects.resolve_replica_request(replica, SETTINGS)
+    return objects.make_replica_pod(replica, request, SETTINGS, name=objects.replica_pod_name(KERNEL, "r1", "ab12cd"), node=node)
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
+
+
+FULL_ENV = {
+    "KERNEL_CPUS": "2",
+    "KERNEL_MEMORY": "8Gi",
+    "KERNEL_CPUS_LIMIT": "4",
+    "KERNEL_MEMORY_LIMIT": "16Gi",
+    "KERNEL_GPUS": "2",
+    "KERNEL_UID": "1000",
+    "KERNEL_GID": "100",
+    "KERNEL_WORKING_DIR": "/home/jovyan/work",
+    # EG clients send these as JSON or YAML text.
+    "KERNEL_VOLUMES": '[{"name": "home", "persistentVolumeClaim": {"claimName": "claim-alice"}}]',
+    "KERNEL_VOLUME_MOUNTS": "[{name: home, mountPath: /home/jovyan/work}]",
+}
+
+
+def test_replica_pod_validates_strictly_against_kubernetes_1_30() -> None:
+    validate_strict(build(FULL_ENV))
+    validate_strict(build())
+    validate_strict(build(node=None))
+
+
+def test_replica_pod_is_one_never_restarting_replica_kept_apart_from_its_siblings() -> None:
+    pod = build(FULL_ENV)
+    labels = pod["metadata"]["labels"]
+    assert labels["kernel_id"] == KERNEL and labels["replica_id"] == "r1"
+    assert labels["component"] == "notebookos-replica"
+    assert labels["app.kubernetes.io/name"] == "notebookos"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    (term,) = pod["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == {"component": "notebookos-replica", "kernel_id": KERNEL}
+    assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert pod["spec"]["runtimeClassName"] == "nvidia"
+    assert pod["spec"]["serviceAccountName"] == "notebookos-replica"
+
+
+def test_replica_pod_never_requests_gpus_but_carries_the_per_cell_count() -> None:
+    pod = build(FULL_ENV)
+    (container,) = pod["spec"]["containers"]
+    assert "nvidia.com/gpu" not in json.dumps(container["resources"])
+    assert container["resources"] == {
+        "requests": {"cpu": "2", "memory": "8Gi"},
+        "limits": {"cpu": "4", "memory": "16Gi"},
+    }
+    env = env_of(pod)
+    assert env["KERNEL_GPUS"] == "2"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+
+
+def test_replica_runs_the_notebookos_kernel_with_its_identity_and_cluster_addresses() -> None:
+    pod = build(FULL_ENV)
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "jupyter_notebookos.kernel"]
+    env = env_of(pod)
+    assert env["NOTEBOOKOS_KERNEL_ID"] == KERNEL
+    assert env["NOTEBOOKOS_REPLICA_ID"] == "r1"
+    assert env["NOTEBOOKOS_HOST"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["NOTEBOOKOS_ETCD_ENDPOINTS"] == "etcd-0:2379,etcd-1:2379,etcd-2:2379"
+    assert env["NOTEBOOKOS_OBJECT_STORE_URL"] == "file:///mnt/notebookos-store"
+    assert env["KERNEL_USERNAME"] == "alice"  # EG's KERNEL_* pass through
+    assert "KERNEL_VOLUMES" not in env  # consumed as structure
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts == {
+        "home": "/home/jovyan/work",
+        "notebookos-object-store": "/mnt/notebookos-store",
+        "notebookos-etcd-tls": "/etc/notebookos/etcd-tls",
+    }
+    assert pod["spec"]["securityContext"] == {"fsGroup": 100, "runAsUser": 1000, "runAsGroup": 100}
+    assert container["workingDir"] == "/home/jovyan/work"
+
+
+def test_pod_pinned_to_a_node_goes_through_the_scheduler_not_nodeName() -> None:
+    pod = build(node="gpu-node-7")
+    assert "nodeName" not in pod["spec"]
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-7"]}]}
+    ]
+    assert "nodeAffinity" not in build(node=None)["spec"]["affinity"]
+
+
+def test_kernel_variables_override_the_kernelspec_which_overrides_the_settings() -> None:
+    config = {"image_name": "registry.example.com/team/from-kernelspec:1", "cpus": "1", "memory": "2Gi"}
+    pod = build(config=config)
+    assert pod["spec"]["containers"][0]["image"] == "registry.example.com/team/from-kernelspec:1"
+    assert pod["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}
+    pod = build({"KERNEL_IMAGE": "ghcr.io/alice/kernel@sha256:" + "a" * 64, "KERNEL_MEMORY": "3Gi"}, config)
+    assert pod["spec"]["containers"][0]["image"].startswith("ghcr.io/alice/kernel@sha256:")
+    assert pod["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "1", "memory": "3Gi"}
+    assert build()["spec"]["containers"][0]["image"] == IMAGE
+
+
+def test_pod_names_are_valid_and_unique_per_incarnation() -> None:
+    first = objects.replica_pod_name(KERNEL, "r1", "aaaaaa")
+    again = objects.replica_pod_name(KERNEL, "r1", "bbbbbb")
+    assert first != again and len(first) <= 63
+    objects.check_dns1123_label("pod name", first)
+    long_name = objects.replica_pod_name("K" * 80, "Replica_1", "abc123")
+    assert len(long_name) <= 63 and long_name.endswith("-abc123")
+
+
+@pytest.mark.parametrize(
+    ("env", "config", "expected"),
+    [
+        ({"KERNEL_CPUS": "lots"}, {}, "KERNEL_CPUS 'lots' is not a Kubernetes resource quantity"),
+        ({"KERNEL_MEMORY": "-1Gi"}, {}, "KERNEL_MEMORY '-1Gi' is not a Kubernetes resource quantity"),
+        ({"KERNEL_MEMORY": "0"}, {}, "KERNEL_MEMORY '0' must be greater than zero"),
+        ({"KERNEL_MEMORY": "4 GB"}, {}, "KERNEL_MEMORY '4 GB' is not a Kubernetes resource quantity"),
+        ({"KERNEL_CPUS": "4", "KERNEL_CPUS_LIMIT": "2"}, {}, "KERNEL_CPUS '4' is more than KERNEL_CPUS_LIMIT '2'"),
+        ({"KERNEL_MEMORY": "2Gi", "KERNEL_MEMORY_LIMIT": "1024Mi"}, {}, "is more than KERNEL_MEMORY_LIMIT"),
+        ({"KERNEL_IMAGE": "My Image:latest"}, {}, "kernel image 'My Image:latest' is not a valid image name"),
+        ({"KERNEL_IMAGE": "repo/kernel:bad:tag"}, {}, "kernel image 'repo/kernel:bad:tag'"),
+        ({"KERNEL_IMAGE": "quay.io/Team/kernel"}, {}, "kernel image 'quay.io/Team/kernel' is not a valid image"),
+        ({}, {"image_name": "ok/image:v1@sha256:xyz"}, "has an invalid digest"),
+        ({"KERNEL_NAMESPACE": "Team_A"}, {}, "KERNEL_NAMESPACE 'Team_A' is not a valid DNS-1123 label"),
+        ({"KERNEL_NAMESPACE": "a" * 64}, {}, "is not a valid DNS-1123 label"),
+        ({"KERNEL_NAMESPACE": "other-team"}, {}, "KERNEL_NAMESPACE 'other-team' is not a namespace this gateway"),
+        ({"KERNEL_SERVICE_ACCOUNT_NAME": "Admin!"}, {}, "KERNEL_SERVICE_ACCOUNT_NAME 'Admin!'"),
+        ({"KERNEL_UID": "0"}, {}, "KERNEL_UID 0 is prohibited"),
+        ({"KERNEL_UID": "alice"}, {}, "KERNEL_UID 'alice' is not an integer"),
+        ({"KERNEL_GPUS": "-1"}, {}, "KERNEL_GPUS '-1' is out of range"),
+        ({"KERNEL_GPUS": "two"}, {}, "KERNEL_GPUS 'two' is not an integer"),
+        ({"KERNEL_WORKING_DIR": "work"}, {}, "KERNEL_WORKING_DIR 'work' is not an absolute path"),
+        ({"KERNEL_VOLUMES": "{not: [valid"}, {}, "KERNEL_VOLUMES"),
+        ({"KERNEL_VOLUMES": '"just a string"'}, {}, "is not a list of objects"),
+        ({"KERNEL_VOLUMES": '[{"name": "Data_1", "emptyDir": {}}]'}, {}, "KERNEL_VOLUMES entry name 'Data_1'"),
+        ({"KERNEL_VOLUMES": '[{"name": "data"}]'}, {}, "has no volume source"),
+        (
+            {"KERNEL_VOLUME_MOUNTS": '[{"name": "data", "mountPath": "/data"}]'},
+            {},
+            "names a volume that is not defined",
+        ),
+        ({"KERNEL_LAUNCH_TIMEOUT": "soon"}, {}, "KERNEL_LAUNCH_TIMEOUT 'soon' is not a number"),
+        ({}, {"image_name": ""}, None),  # empty config falls back to the setting: valid
+    ],
+)
+def test_bad_kernel_values_are_rejected_with_a_message_naming_them(
+    env: dict[str, str], config: dict[str, Any], expected: str | None
+) -> None:
+    if expected is None:
+        build(env, config)
+        return
+    with pytest.raises(InvalidKernelRequest) as caught:
+        build(env, config)
+    assert expected in str(caught.value)
+    assert ";" in str(caught.value)  # followed by what to do
+
+
+def test_no_image_anywhere_says_where_to_configure_one() -> None:
+    settings = objects.PodSettings(namespace=NAMESPACE)
+    with pytest.raises(InvalidKernelRequest, match="image_name.*KERNEL_IMAGE.*KubernetesLauncher.image"):
+        objects.resolve_replica_request(spec(), settings)
+
+
+@pytest.mark.asyncio
+async def test_bad_values_fail_before_any_api_call(cluster: FakeCluster) -> None:
+    launcher = KubernetesLauncher(
+        namespace=NAMESPACE, image=IMAGE, core_api=cluster.core, watch_factory=cluster.watch
+    )
+    with pytest.raises(InvalidKernelRequest, match="KERNEL_MEMORY"):
+        await launcher.start_replica(spec({"KERNEL_MEMORY": "a lot"}))
+    assert cluster.calls == []
+
+
+def test_placeholder_pod_requests_a_whole_gpu_node_at_the_lowest_priority() -> None:
+    settings = objects.PlaceholderSettings(
+        namespace=NAMESPACE,
+        gpus_per_node=8,
+        node_selector={"karpenter.sh/nodepool": "gpu"},
+        tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
+    )
+    pod = objects.make_placeholder_pod("notebookos-placeholder-abc123", settings)
+    validate_strict(pod)
+    (container,) = pod["spec"]["containers"]
+    assert container["resources"]["requests"] == {"nvidia.com/gpu": "8"}
+    assert pod["spec"]["priorityClassName"] == "notebookos-placeholder"
+    assert pod["metadata"]["labels"]["component"] == "notebookos-placeholder"
+    assert pod["spec"]["nodeSelector"] == {"karpenter.sh/nodepool": "gpu"}
+    with pytest.raises(InvalidKernelRequest, match="at least 1"):
+        objects.make_placeholder_pod("p", objects.PlaceholderSettings(namespace=NAMESPACE, gpus_per_node=0))
+
+
+def test_priority_class_is_the_lowest_that_still_triggers_scale_up_and_never_preempts() -> None:
+    priority_class = objects.make_priority_class()
+    validate_strict(priority_class)
+    assert priority_class["value"] == -10  # cluster-autoscaler's default expendable cutoff
+    assert priority_class["preemptionPolicy"] == "Never"
+    assert priority_class["globalDefault"] is False
+
+
+def test_validation_catches_a_malformed_builder_change() -> None:
+    """The strict validation used above does reject what the API server would (so it can fail)."""
+    pod = build()
+    pod["spec"]["containers"][0]["resource"] = {}  # misspelt field
+    with pytest.raises(Exception, match="resource"):
+        validate_strict(pod)
