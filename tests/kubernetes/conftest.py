@@ -42,4 +42,3 @@ async def make_launcher(cluster: FakeCluster) -> AsyncIterator[Callable[..., Kub
     yield make
     for launcher in made:
         await launcher.stop()
-

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import json
 import queue
 import re
 import threading
@@ -43,7 +44,7 @@ async def until(predicate: Any, timeout: float = 5.0) -> Any:
 
 def _api_error(status: int, message: str) -> ApiException:
     err = ApiException(status=status, reason=message)
-    err.body = '{"kind": "Status", "message": "%s"}' % message.replace('"', "'")
+    err.body = json.dumps({"kind": "Status", "message": message})
     return err
 
 
@@ -274,7 +275,7 @@ class FakeCoreV1Api:
         if namespace == "forbidden":
             raise _api_error(403, f'pods is forbidden: cannot create resource "pods" in namespace "{namespace}"')
         if f"{namespace}/{body['metadata']['name']}" in self.cluster.objects["pods"]:
-            raise _api_error(409, f"pods \"{body['metadata']['name']}\" already exists")
+            raise _api_error(409, f'pods "{body["metadata"]["name"]}" already exists')
         pod = copy.deepcopy(body)
         pod["metadata"]["uid"] = f"uid-{next(self.cluster.version)}"
         pod["status"] = {"phase": "Pending"}

@@ -23,9 +23,7 @@ def spec(replica: str = "r0", host: str = "gpu-a", **env: str) -> ReplicaSpec:
 async def created_pod(cluster: FakeCluster, replica: str = "r0") -> str:
     """The name of the replica's pod, once the launcher has created it."""
     return await until(
-        lambda: next(
-            (p["metadata"]["name"] for p in cluster.pods(f"kernel_id={KERNEL},replica_id={replica}")), None
-        )
+        lambda: next((p["metadata"]["name"] for p in cluster.pods(f"kernel_id={KERNEL},replica_id={replica}")), None)
     )
 
 
@@ -67,7 +65,8 @@ async def test_unschedulable_condition_fails_fast_but_a_triggered_scale_up_is_wa
     launcher = make_launcher()
     launch = asyncio.create_task(launcher.start_replica(spec("r0", "")))
     name = await created_pod(cluster)
-    cluster.add_event(NAMESPACE, name, "TriggeredScaleUp", "pod triggered scale-up: [{gpu-pool 2->3 (max: 10)}]", "Normal")
+    scale_up = "pod triggered scale-up: [{gpu-pool 2->3 (max: 10)}]"
+    cluster.add_event(NAMESPACE, name, "TriggeredScaleUp", scale_up, "Normal")
     await until(lambda: launcher._pod_events.get(f"{NAMESPACE}/{name}"))
     unschedulable = {
         "phase": "Pending",
@@ -135,7 +134,9 @@ async def test_pod_that_fails_before_running_fails_the_launch_with_its_exit(
         await asyncio.wait_for(launch, 2)
 
 
-async def test_launch_times_out_with_advice(cluster: FakeCluster, make_launcher: Callable[..., KubernetesLauncher]) -> None:
+async def test_launch_times_out_with_advice(
+    cluster: FakeCluster, make_launcher: Callable[..., KubernetesLauncher]
+) -> None:
     launcher = make_launcher()
     with pytest.raises(LaunchError, match=r"did not start within 0s; raise KubernetesLauncher.launch_timeout"):
         await launcher.start_replica(spec(KERNEL_LAUNCH_TIMEOUT="0.2"))
@@ -218,7 +219,7 @@ async def test_migration_starts_a_pinned_pod_on_the_target_then_retires_the_old_
     launch = asyncio.create_task(launcher.start_replica(spec("r1", "gpu-d")))
     new_name = await until(
         lambda: next(
-            (p["metadata"]["name"] for p in cluster.pods("replica_id=r1") if p["metadata"]["name"] != handles["r1"].pod),
+            (n for p in cluster.pods("replica_id=r1") if (n := p["metadata"]["name"]) != handles["r1"].pod),
             None,
         )
     )

@@ -28,7 +28,9 @@ SETTINGS = objects.PodSettings(
 )
 
 
-def spec(env: dict[str, str] | None = None, config: dict[str, Any] | None = None, host: str = "gpu-node-1") -> ReplicaSpec:
+def spec(
+    env: dict[str, str] | None = None, config: dict[str, Any] | None = None, host: str = "gpu-node-1"
+) -> ReplicaSpec:
     return ReplicaSpec(
         kernel_id=KERNEL,
         replica_id="r1",
@@ -39,10 +41,13 @@ def spec(env: dict[str, str] | None = None, config: dict[str, Any] | None = None
     )
 
 
-def build(env: dict[str, str] | None = None, config: dict[str, Any] | None = None, node: str | None = "gpu-node-1") -> dict[str, Any]:
+def build(
+    env: dict[str, str] | None = None, config: dict[str, Any] | None = None, node: str | None = "gpu-node-1"
+) -> dict[str, Any]:
     replica = spec(env, config)
     request = objects.resolve_replica_request(replica, SETTINGS)
-    return objects.make_replica_pod(replica, request, SETTINGS, name=objects.replica_pod_name(KERNEL, "r1", "ab12cd"), node=node)
+    name = objects.replica_pod_name(KERNEL, "r1", "ab12cd")
+    return objects.make_replica_pod(replica, request, SETTINGS, name=name, node=node)
 
 
 def env_of(pod: dict[str, Any]) -> dict[str, Any]:
@@ -200,15 +205,13 @@ def test_bad_kernel_values_are_rejected_with_a_message_naming_them(
 
 def test_no_image_anywhere_says_where_to_configure_one() -> None:
     settings = objects.PodSettings(namespace=NAMESPACE)
-    with pytest.raises(InvalidKernelRequest, match="image_name.*KERNEL_IMAGE.*KubernetesLauncher.image"):
+    with pytest.raises(InvalidKernelRequest, match=r"image_name.*KERNEL_IMAGE.*KubernetesLauncher\.image"):
         objects.resolve_replica_request(spec(), settings)
 
 
 @pytest.mark.asyncio
 async def test_bad_values_fail_before_any_api_call(cluster: FakeCluster) -> None:
-    launcher = KubernetesLauncher(
-        namespace=NAMESPACE, image=IMAGE, core_api=cluster.core, watch_factory=cluster.watch
-    )
+    launcher = KubernetesLauncher(namespace=NAMESPACE, image=IMAGE, core_api=cluster.core, watch_factory=cluster.watch)
     with pytest.raises(InvalidKernelRequest, match="KERNEL_MEMORY"):
         await launcher.start_replica(spec({"KERNEL_MEMORY": "a lot"}))
     assert cluster.calls == []
