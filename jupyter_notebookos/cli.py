@@ -57,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run the embedded platform (etcd, gateway, JupyterLab) in the foreground")
     up.add_argument("--hosts", type=_positive_int, default=4, help="simulated hosts (default 4)")
     up.add_argument(
-        "--gpus-per-host", type=_non_negative_int, default=8,
+        "--gpus-per-host",
+        type=_non_negative_int,
+        default=8,
         help="simulated GPUs per host (default 8; real GPUs found by NVML are used instead)",
     )
     up.add_argument("--port", type=_port, default=8888, help="gateway port on 127.0.0.1 (default 8888)")
@@ -165,8 +167,12 @@ def print_cluster(cluster: dict[str, Any], console: Console) -> None:
         hosts.add_column(column, justify="left" if column in ("host", "kind") else "right")
     for h in cluster.get("hosts", []):
         hosts.add_row(
-            str(h["name"]), str(h["gpus"]), str(h["gpus_committed"]), str(h["gpus_pending"]),
-            str(h["gpus"] - h["gpus_committed"]), str(h["replicas"]),
+            str(h["name"]),
+            str(h["gpus"]),
+            str(h["gpus_committed"]),
+            str(h["gpus_pending"]),
+            str(h["gpus"] - h["gpus_committed"]),
+            str(h["replicas"]),
             "simulated" if h.get("simulated") else "real GPUs",
         )
     console.print(hosts)
@@ -178,8 +184,11 @@ def print_cluster(cluster: dict[str, Any], console: Console) -> None:
             table.add_column(column)
         for k in kernels:
             table.add_row(
-                str(k.get("kernel_id")), ", ".join(str(r) for r in k.get("replicas", [])),
-                str(k.get("executor") or "-"), str(k.get("gpus", "")), str(k.get("state", "")),
+                str(k.get("kernel_id")),
+                ", ".join(str(r) for r in k.get("replicas", [])),
+                str(k.get("executor") or "-"),
+                str(k.get("gpus", "")),
+                str(k.get("state", "")),
             )
         console.print(table)
     else:

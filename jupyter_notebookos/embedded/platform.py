@@ -278,11 +278,17 @@ class EmbeddedPlatform:
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
-    def _spawn(self, name: str, command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, name: str, command: list[str], env: dict[str, str], log: Path
+    ) -> subprocess.Popen[bytes]:
         out = open(log, "ab")  # noqa: SIM115 - the child keeps it
         try:
             child = subprocess.Popen(
-                command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                command,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         finally:
@@ -337,4 +343,3 @@ class EmbeddedPlatform:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._stopping = True
-

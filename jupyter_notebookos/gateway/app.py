@@ -22,15 +22,17 @@ from typing import Any
 from enterprise_gateway.enterprisegatewayapp import EnterpriseGatewayApp
 from jupyter_server.utils import url_path_join
 from tornado import ioloop
-from traitlets import Integer, List, Unicode, default, validate
-from traitlets import TraitError
+from traitlets import Integer, List, TraitError, Unicode, default, validate
 
 from jupyter_notebookos.gateway.handlers import notebookos_handlers
 from jupyter_notebookos.gateway.platform import GatewayPlatform
+from jupyter_notebookos.launchers.local import LocalLauncher
+from jupyter_notebookos.scheduler import Scheduler
 
 try:  # the stale-session fix and TCP_NODELAY (see that module's docstring)
     from jupyter_notebookos.gateway.websocket import handler_overrides
 except ImportError:  # pragma: no cover - only while the module is being written
+
     def handler_overrides() -> list[tuple[str, type]]:
         return []
 
@@ -40,6 +42,7 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
 
     name = "notebookos-gateway"
     description = "NotebookOS: GPU-efficient replicated notebook kernels on Jupyter Enterprise Gateway"
+    classes = [*EnterpriseGatewayApp.classes, Scheduler, LocalLauncher]
 
     etcd_endpoints = List(
         Unicode(),
@@ -74,7 +77,8 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
     )
 
     state_dir = Unicode(
-        config=True, help="Directory for the platform's local state (object store, logs). Env: NOTEBOOKOS_STATE_DIR."
+        config=True,
+        help="Directory for the platform's local state (object store, logs). Env: NOTEBOOKOS_STATE_DIR.",
     )
 
     @default("state_dir")
@@ -90,7 +94,8 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
     @default("object_store_url")
     def _object_store_url_default(self) -> str:
         return os.environ.get(
-            "NOTEBOOKOS_OBJECT_STORE_URL", "file://" + os.path.join(os.path.abspath(self.state_dir), "objects")
+            "NOTEBOOKOS_OBJECT_STORE_URL",
+            "file://" + os.path.join(os.path.abspath(self.state_dir), "objects"),
         )
 
     @validate("simulated_hosts")
@@ -126,6 +131,8 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
             gpus_per_host=self.gpus_per_host,
             state_dir=self.state_dir,
             object_store_url=self.object_store_url,
+            scheduler=Scheduler(parent=self),
+            launcher=LocalLauncher(parent=self, log_dir=os.path.join(self.state_dir, "replicas")),
             log=self.log,
         )
 
@@ -149,7 +156,7 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
         loop = ioloop.IOLoop.current()
         try:
             loop.run_sync(self.platform.start)
-        except Exception as err:  # noqa: BLE001 - the message is what the operator needs
+        except Exception as err:
             self.log.critical("NotebookOS could not start: %s", err)
             sys.exit(1)
         super().start()
@@ -158,7 +165,7 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
         super().shutdown()
         try:
             ioloop.IOLoop.current().run_sync(self.platform.stop)
-        except Exception as err:  # noqa: BLE001 - shutting down: report and go on
+        except Exception as err:
             self.log.warning("NotebookOS platform did not stop cleanly: %s", err)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from enterprise_gateway.mixins import CORSMixin, JSONErrorsMixin, TokenAuthorizationMixin
 from jupyter_server.base.handlers import APIHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
+from tornado import web
 
 
 class _NotebookOSHandler(TokenAuthorizationMixin, CORSMixin, JSONErrorsMixin, APIHandler):
@@ -46,9 +46,19 @@ class MetricsHandler(_NotebookOSHandler):
         self.finish(generate_latest(self.platform.metrics.registry))
 
 
+class KernelHandler(_NotebookOSHandler):
+    """``GET /api/notebookos/kernels/{kernel_id}``: replicas, executor, cells, GPU-seconds."""
+
+    async def get(self, kernel_id: str) -> None:
+        if kernel_id not in self.platform.kernels:
+            raise web.HTTPError(404, f"no NotebookOS kernel {kernel_id}")
+        self.write_json(self.platform.kernel_summary(kernel_id))
+
+
 def notebookos_handlers() -> list[tuple[str, type]]:
     """Our URL patterns (relative to ``base_url``) and their handlers."""
     return [
         (r"/api/notebookos/cluster", ClusterHandler),
+        (r"/api/notebookos/kernels/(?P<kernel_id>[^/]+)", KernelHandler),
         (r"/metrics", MetricsHandler),
     ]

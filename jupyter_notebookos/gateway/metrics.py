@@ -30,12 +30,8 @@ class PlatformMetrics:
             registry=self.registry,
         )
         self.kernels = Gauge("notebookos_kernels", "NotebookOS kernels running", registry=self.registry)
-        self.replicas = Gauge(
-            "notebookos_replicas", "Replicas per host", ["host"], registry=self.registry
-        )
-        self.queued_cells = Gauge(
-            "notebookos_queued_cells", "Cells waiting for GPUs", registry=self.registry
-        )
+        self.replicas = Gauge("notebookos_replicas", "Replicas per host", ["host"], registry=self.registry)
+        self.queued_cells = Gauge("notebookos_queued_cells", "Cells waiting for GPUs", registry=self.registry)
         self.queued_ms = Histogram(
             "notebookos_cell_queued_milliseconds",
             "Interactivity delay: from a cell's arrival at the gateway to the start of its execution",

@@ -1,20 +1,51 @@
-"""The gateway's platform: the cluster model, etcd, and (later) launchers and replica routers.
+"""The gateway's platform: the scheduler, etcd, the launcher and the replica routers of NotebookOS kernels.
 
-One instance lives in the gateway process. Handlers read it; it owns every long-lived resource and
-starts/stops them in order.
+One instance lives in the gateway process (:meth:`GatewayPlatform.current`). EG's handlers reach it through
+the NotebookOS process proxy; our REST handlers read it. It owns every long-lived resource and starts and
+stops them in order. It also is the routers' :class:`~jupyter_notebookos.gateway.router.CellPlanner`: the
+scheduler decides, the platform turns decisions into actions.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
-from dataclasses import dataclass
-from typing import Any
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from jupyter_notebookos.coordination import keys
 from jupyter_notebookos.coordination.client import Coordinator
+from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.gateway.metrics import PlatformMetrics
+from jupyter_notebookos.gateway.router import (
+    CellGrant,
+    CellRejected,
+    CellRequest,
+    ReplicaRouter,
+    RouterSettings,
+)
 from jupyter_notebookos.gpu.discovery import GpuDevice, host_devices, nvml_devices
+from jupyter_notebookos.launchers.base import Launcher, LaunchError, ReplicaHandle, ReplicaPhase, ReplicaSpec
+from jupyter_notebookos.replication import protocol
+from jupyter_notebookos.replication.protocol import ReplicaRegistration
+from jupyter_notebookos.scheduler import (
+    Decision,
+    HostSpec,
+    MigrateThenRun,
+    Placement,
+    RejectCell,
+    RunCell,
+    Scheduler,
+    WaitInQueue,
+)
+
+log = logging.getLogger(__name__)
+
+
+class KernelRequestError(ValueError):
+    """A kernel start request that cannot be honoured (bad ``KERNEL_GPUS``, no room); the text is for users."""
 
 
 @dataclass
@@ -29,8 +60,25 @@ class HostRecord:
         return all(d.simulated for d in self.devices) if self.devices else True
 
 
+@dataclass
+class KernelRecord:
+    """A NotebookOS kernel known to the platform."""
+
+    kernel_id: str
+    kernel_name: str
+    gpus: int
+    router: ReplicaRouter
+    env: dict[str, str]
+    handles: dict[str, ReplicaHandle] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.time)
+    next_replica: int = 3
+    replacing: set[str] = field(default_factory=set)
+
+
 class GatewayPlatform:
     """Everything NotebookOS adds to the gateway process."""
+
+    _current: ClassVar[GatewayPlatform | None] = None
 
     def __init__(
         self,
@@ -42,13 +90,20 @@ class GatewayPlatform:
         gpus_per_host: int,
         state_dir: str,
         object_store_url: str,
-        log: logging.Logger | Any,
+        scheduler: Scheduler | None = None,
+        launcher: Launcher,
+        router_settings: RouterSettings | None = None,
+        replica_lease_ttl: int = protocol.DEFAULT_LEASE_TTL,
+        log: logging.Logger | Any = log,
     ) -> None:
         self.etcd_endpoints = etcd_endpoints
         self.etcd_prefix = etcd_prefix
         self.etcd_timeout = etcd_timeout
         self.state_dir = state_dir
         self.object_store_url = object_store_url
+        self.launcher = launcher
+        self.router_settings = router_settings or RouterSettings(etcd_timeout=etcd_timeout)
+        self.replica_lease_ttl = replica_lease_ttl
         self.log = log
         self.metrics = PlatformMetrics()
         real = nvml_devices()
@@ -56,11 +111,37 @@ class GatewayPlatform:
             name: HostRecord(name, host_devices(name, gpus_per_host, real=real))
             for name in (f"host-{i}" for i in range(simulated_hosts))
         }
+        self.scheduler = scheduler or Scheduler()
+        for host in self.hosts.values():
+            self.scheduler.add_host(
+                HostSpec(host.name, len(host.devices), tuple(d.index for d in host.devices), host.simulated),
+                now=self.now(),
+            )
+        self.kernels: dict[str, KernelRecord] = {}
         self.coordinator: Coordinator | None = None
+        self._waiting: dict[tuple[str, str], asyncio.Future[RunCell]] = {}
+        self._monitor: asyncio.Task[None] | None = None
+        GatewayPlatform._current = self
+
+    @classmethod
+    def current(cls) -> GatewayPlatform:
+        """The platform of this gateway process."""
+        if cls._current is None:
+            raise RuntimeError("the NotebookOS kernelspec needs the NotebookOS gateway (notebookos up)")
+        return cls._current
+
+    @staticmethod
+    def now() -> float:
+        """The scheduler's clock (monotonic seconds)."""
+        return time.monotonic()
+
+    # -- lifecycle ----------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Connect to etcd and publish the hosts."""
-        self.coordinator = await Coordinator.connect(self.etcd_endpoints, timeout=self.etcd_timeout)
+        self.coordinator = await Coordinator.connect(
+            self.etcd_endpoints, timeout=self.etcd_timeout, prefix=self.etcd_prefix
+        )
         for host in self.hosts.values():
             record = {
                 "name": host.name,
@@ -68,7 +149,8 @@ class GatewayPlatform:
                 "simulated": host.simulated,
                 "devices": [{"index": d.index, "uuid": d.uuid, "name": d.name} for d in host.devices],
             }
-            await self.coordinator.put(keys.host(host.name, prefix=self.etcd_prefix), json.dumps(record))
+            await self.coordinator.put(self.coordinator.keys.host(host.name), json.dumps(record))
+        self._monitor = asyncio.ensure_future(self._monitor_replicas())
         self.log.info(
             "NotebookOS platform up: %d hosts, %d GPUs, etcd at %s",
             len(self.hosts),
@@ -77,25 +159,317 @@ class GatewayPlatform:
         )
 
     async def stop(self) -> None:
-        """Release etcd."""
+        """Stop every kernel's replicas and release etcd."""
+        if self._monitor is not None:
+            self._monitor.cancel()
+        for kernel_id in list(self.kernels):
+            await self.stop_kernel(kernel_id, now=True)
         if self.coordinator is not None:
             await self.coordinator.close()
             self.coordinator = None
+
+    # -- kernels ------------------------------------------------------------------------------------
+
+    async def start_kernel(
+        self,
+        *,
+        kernel_id: str,
+        kernel_name: str,
+        ip: str,
+        ports: dict[str, int],
+        key: bytes,
+        signature_scheme: str,
+        env: dict[str, str],
+        launch_timeout: float | None = None,
+    ) -> ReplicaRouter:
+        """Place the kernel's replicas, bind its router, start the replicas and wait until they registered."""
+        if self.coordinator is None:
+            raise LaunchError("the NotebookOS platform is not connected to etcd yet")
+        gpus = parse_kernel_gpus(env.get("KERNEL_GPUS"))
+        placement = self.scheduler.start_kernel(kernel_id, gpus, now=self.now())
+        self._log_decision(placement)
+        if not isinstance(placement, Placement):
+            raise KernelRequestError(f"cannot start kernel {kernel_id}: {placement}")
+        router = ReplicaRouter(
+            kernel_id=kernel_id,
+            ip=ip,
+            ports=ports,
+            key=key,
+            signature_scheme=signature_scheme,
+            gpus=gpus,
+            coordinator=self.coordinator,
+            planner=self,
+            settings=self.router_settings,
+            on_replica_lost=self._on_replica_lost,
+        )
+        record = KernelRecord(kernel_id, kernel_name, gpus, router, env, next_replica=len(placement.replicas))
+        self.kernels[kernel_id] = record
+        try:
+            await router.bind()
+            await router.start(fresh=True)
+            for slot in placement.replicas:
+                await self._start_replica(record, str(slot.replica_id), slot.host)
+            timeout = launch_timeout or self.router_settings.launch_timeout
+            missing = await router.wait_registered(set(record.handles), timeout)
+            if missing:
+                raise LaunchError(self._launch_failure(record, missing, timeout))
+            await self.coordinator.put(
+                self.coordinator.keys.kernel(kernel_id),
+                json.dumps(
+                    {
+                        "kernel_id": kernel_id,
+                        "kernel_name": kernel_name,
+                        "gpus": gpus,
+                        "ip": ip,
+                        "ports": ports,
+                        "signature_scheme": signature_scheme,
+                        "started_at": record.started_at,
+                    }
+                ),
+            )
+        except BaseException:
+            await self.stop_kernel(kernel_id, now=True)
+            raise
+        return router
+
+    async def stop_kernel(self, kernel_id: str, *, now: bool = False) -> None:
+        """Stop the kernel's replicas and router; forget it in the scheduler and etcd."""
+        record = self.kernels.pop(kernel_id, None)
+        if record is None:
+            return
+        record.router.shutting_down = True
+        await asyncio.gather(
+            *(self.launcher.stop_replica(h, now=now) for h in record.handles.values()), return_exceptions=True
+        )
+        await record.router.close()
+        for key in [k for k in self._waiting if k[0] == kernel_id]:
+            future = self._waiting.pop(key)
+            if not future.done():
+                future.set_exception(CellRejected("the kernel is shutting down"))
+        self._log_decision(self.scheduler.stop_kernel(kernel_id, now=self.now()))
+        self._dispatch()
+        if self.coordinator is not None:
+            with contextlib.suppress(CoordinationError):
+                await self.coordinator.delete_prefix(self.coordinator.keys.kernel_prefix(kernel_id))
+                await self.coordinator.delete(self.coordinator.keys.kernel(kernel_id))
+
+    async def _start_replica(self, record: KernelRecord, replica_id: str, host: str) -> None:
+        spec = ReplicaSpec(
+            kernel_id=record.kernel_id,
+            replica_id=replica_id,
+            host=host,
+            kernel_name=record.kernel_name,
+            env=self._replica_env(record, host),
+        )
+        record.router.expect(replica_id)
+        record.handles[replica_id] = await self.launcher.start_replica(spec)
+
+    def _replica_env(self, record: KernelRecord, host: str) -> dict[str, str]:
+        env = dict(record.env)
+        router = record.router
+        env.update(
+            {
+                protocol.ENV_ETCD_ENDPOINTS: ",".join(self.etcd_endpoints),
+                protocol.ENV_ETCD_PREFIX: self.etcd_prefix,
+                protocol.ENV_OBJECT_STORE_URL: self.object_store_url,
+                protocol.ENV_KEY: router.signer.session.key.decode(),
+                protocol.ENV_SIGNATURE_SCHEME: router.signer.session.signature_scheme,
+                protocol.ENV_IP: "127.0.0.1",
+                protocol.ENV_LEASE_TTL: str(self.replica_lease_ttl),
+                protocol.ENV_GPU_DEVICES: json.dumps(
+                    [
+                        {"index": d.index, "uuid": d.uuid, "simulated": d.simulated}
+                        for d in self.hosts[host].devices
+                    ]
+                ),
+                "KERNEL_GPUS": str(record.gpus),
+            }
+        )
+        return env
+
+    def _launch_failure(self, record: KernelRecord, missing: set[str], timeout: float) -> str:
+        parts = []
+        for rid in sorted(missing):
+            handle = record.handles.get(rid)
+            where = f"replica {rid} on {handle.host if handle else '?'}"
+            log_path = getattr(self.launcher, "log_path", None)
+            tail = ""
+            if log_path is not None:
+                with contextlib.suppress(OSError):
+                    lines = log_path(record.kernel_id, rid).read_text(errors="replace").strip().splitlines()
+                    tail = f" (last log line: {lines[-1]})" if lines else ""
+            parts.append(where + tail)
+        return (
+            f"kernel {record.kernel_id}: {', '.join(parts)} did not register within {timeout:.0f} s; "
+            "its processes were stopped. Check etcd and the replica logs."
+        )
+
+    async def _on_replica_lost(
+        self, router: ReplicaRouter, registration: ReplicaRegistration, why: str
+    ) -> None:
+        """Replace a lost replica on another host (the scheduler chooses)."""
+        record = self.kernels.get(router.kernel_id)
+        if record is None or registration.replica_id in record.replacing:
+            return
+        record.replacing.add(registration.replica_id)
+        handle = record.handles.pop(registration.replica_id, None)
+        if handle is not None:
+            with contextlib.suppress(Exception):
+                await self.launcher.stop_replica(handle, now=True)
+        decision = self.scheduler.replica_lost(router.kernel_id, int(registration.replica_id), now=self.now())
+        self._log_decision(decision)
+        self._dispatch()
+        placed = self.scheduler.place_missing_replicas(router.kernel_id, now=self.now())
+        self._log_decision(placed)
+        if isinstance(placed, Placement):
+            for slot in placed.replicas:
+                record.next_replica = max(record.next_replica, slot.replica_id + 1)
+                await self._start_replica(record, str(slot.replica_id), slot.host)
+        record.replacing.discard(registration.replica_id)
+
+    async def _monitor_replicas(self) -> None:
+        """Notice dead replica processes quickly: revoke their lease instead of waiting for it to expire."""
+        while True:
+            await asyncio.sleep(0.5)
+            for record in list(self.kernels.values()):
+                for rid, handle in list(record.handles.items()):
+                    status = await self.launcher.status(handle)
+                    if status.phase not in (ReplicaPhase.EXITED, ReplicaPhase.FAILED):
+                        continue
+                    registration = record.router.registrations.get(rid)
+                    if registration is not None and self.coordinator is not None:
+                        with contextlib.suppress(CoordinationError):
+                            await self.coordinator.revoke(registration.lease)
+                    elif registration is None and rid not in record.router.expected:
+                        record.handles.pop(rid, None)
+
+    # -- the routers' planner -------------------------------------------------------------------------
+
+    async def acquire(self, request: CellRequest, changed: asyncio.Event) -> CellGrant:
+        """Ask the scheduler where the cell runs; wait in its queue when no GPUs are free."""
+        decision = self.scheduler.request_cell(
+            request.kernel_id, request.cell_id, now=self.now(), gpus=request.gpus
+        )
+        self._log_decision(decision)
+        if isinstance(decision, RejectCell):
+            raise CellRejected(decision.reason)
+        if isinstance(decision, WaitInQueue):
+            future: asyncio.Future[RunCell] = asyncio.get_running_loop().create_future()
+            self._waiting[(request.kernel_id, request.cell_id)] = future
+            self.metrics.queued_cells.set(len(self._waiting))
+            try:
+                run = await future
+            finally:
+                self._waiting.pop((request.kernel_id, request.cell_id), None)
+                self.metrics.queued_cells.set(len(self._waiting))
+        elif isinstance(decision, MigrateThenRun):
+            # Migration is executed by the migration issue's code; until then the cell waits for GPUs.
+            self.scheduler.migration_finished(decision.migration.migration_id, now=self.now(), ok=False)
+            return await self.acquire(request, changed)
+        else:
+            run = decision
+        grant = CellGrant(str(run.replica_id), run.host, tuple(run.device_ids), run.detail)
+        await self._wait_up_to_date(request, grant, changed)
+        self.metrics.queued_ms.observe((time.monotonic() - request.arrived) * 1000.0)
+        return grant
+
+    async def _wait_up_to_date(self, request: CellRequest, grant: CellGrant, changed: asyncio.Event) -> None:
+        """The chosen replica must hold the state of every earlier cell before it runs this one."""
+        record = self.kernels.get(request.kernel_id)
+        if record is None:
+            return
+        router = record.router
+        deadline = time.monotonic() + self.router_settings.launch_timeout
+        while router.state_seq.get(grant.replica_id, -1) < router.log_head:
+            if grant.replica_id not in router.registrations or time.monotonic() > deadline:
+                return  # the router notices and asks again
+            changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(changed.wait(), 1.0)
+
+    def release(self, kernel_id: str, cell_id: str) -> None:
+        """A cell finished: release its GPUs in the scheduler and start queued cells that now fit."""
+        decision = self.scheduler.cell_finished(kernel_id, cell_id, now=self.now())
+        self._log_decision(decision)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        dispatch = self.scheduler.dispatch_queued(now=self.now())
+        for started in dispatch.started:
+            self._log_decision(started)
+            future = self._waiting.get((started.kernel_id, started.cell_id))
+            if isinstance(started, MigrateThenRun):
+                self.scheduler.migration_finished(started.migration.migration_id, now=self.now(), ok=False)
+                continue
+            if future is not None and not future.done():
+                future.set_result(started)
+            else:
+                self.scheduler.cell_finished(started.kernel_id, started.cell_id, now=self.now())
+
+    def _log_decision(self, decision: Decision) -> None:
+        self.log.info("scheduler: %s", decision)
+
+    # -- views ----------------------------------------------------------------------------------------
 
     def cluster_snapshot(self) -> dict[str, Any]:
         """The body of ``GET /api/notebookos/cluster``."""
         hosts = [
             {
                 "name": h.name,
-                "gpus": len(h.devices),
-                "gpus_committed": 0,
-                "gpus_pending": 0,
-                "replicas": 0,
+                "gpus": h.gpus,
+                "gpus_committed": h.committed,
+                "gpus_pending": h.pending,
+                "replicas": h.replicas,
                 "simulated": h.simulated,
+                "cordoned": h.cordoned,
+                "draining": h.draining,
+                "subscription_ratio": round(h.subscription_ratio, 4),
             }
-            for h in self.hosts.values()
+            for h in self.scheduler.hosts()
         ]
-        return {"hosts": hosts, "subscription_ratio": 0.0, "kernels": []}
+        kernels = [self.kernel_summary(kid) for kid in self.kernels]
+        queue = [
+            {"kernel_id": q.kernel_id, "cell_id": q.cell_id, "gpus": q.gpus}
+            for q in self.scheduler.queued_cells()
+        ]
+        return {
+            "hosts": hosts,
+            "subscription_ratio": round(self.scheduler.subscription_limit, 4),
+            "kernels": kernels,
+            "queue": queue,
+        }
+
+    def kernel_summary(self, kernel_id: str) -> dict[str, Any]:
+        """The body of ``GET /api/notebookos/kernels/{kernel_id}``."""
+        record = self.kernels[kernel_id]
+        router = record.router
+        replicas = []
+        for rid, handle in sorted(record.handles.items()):
+            registration = router.registrations.get(rid)
+            replicas.append(
+                {
+                    "replica_id": rid,
+                    "host": handle.host,
+                    "state": "ready" if registration else "starting",
+                    "applied_seq": router.state_seq.get(rid, -1),
+                    "pid": registration.pid if registration else handle.pid,
+                    "pod": registration.pod if registration else handle.pod,
+                }
+            )
+        summary = router.summary()
+        held = record.gpus * (time.time() - record.started_at)
+        return {
+            "kernel_id": kernel_id,
+            "kernel_name": record.kernel_name,
+            "gpus": record.gpus,
+            "replicas": replicas,
+            "executor": summary["executor"],
+            "cells": summary["cells"],
+            "queued": summary["queued"],
+            "running": summary["running"],
+            "gpu_seconds_used": summary["gpu_seconds_used"],
+            "gpu_seconds_held_if_reserved": round(held, 3),
+        }
 
     def refresh_metrics(self) -> None:
         """Bring the cluster gauges up to date before a scrape."""
@@ -109,3 +483,20 @@ class GatewayPlatform:
             self.metrics.replicas.labels(host["name"]).set(host["replicas"])
         self.metrics.subscription_ratio.set(snapshot["subscription_ratio"])
         self.metrics.kernels.set(len(snapshot["kernels"]))
+        self.metrics.queued_cells.set(len(snapshot["queue"]))
+        self.metrics.gpu_seconds_reserved.set(
+            sum(k["gpu_seconds_held_if_reserved"] for k in snapshot["kernels"])
+        )
+
+
+def parse_kernel_gpus(raw: str | None) -> int:
+    """``KERNEL_GPUS`` (EG's convention): GPUs per cell, default 1, 0 for CPU-only kernels."""
+    if raw is None or raw.strip() == "":
+        return 1
+    try:
+        gpus = int(raw)
+    except ValueError:
+        raise KernelRequestError(f"KERNEL_GPUS={raw!r} is not a whole number of GPUs per cell") from None
+    if gpus < 0:
+        raise KernelRequestError(f"KERNEL_GPUS={gpus}: a kernel cannot ask for fewer than 0 GPUs")
+    return gpus

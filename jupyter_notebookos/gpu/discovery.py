@@ -7,6 +7,7 @@ means zero real GPUs, not an error, and hosts then get simulated GPUs whose acco
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -56,10 +57,8 @@ def nvml_devices() -> list[GpuDevice]:
         log.warning("NVML found a driver but could not list its GPUs (%s): using simulated GPUs", err)
         return []
     finally:
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
 
 
 def simulated_devices(host: str, count: int) -> list[GpuDevice]:

@@ -65,9 +65,12 @@ ENV_SIGNATURE_SCHEME = "NOTEBOOKOS_SIGNATURE_SCHEME"  # default hmac-sha256
 ENV_IP = "NOTEBOOKOS_IP"  # where the replica binds its sockets (embedded: 127.0.0.1; pods: 0.0.0.0)
 ENV_ADVERTISE_IP = "NOTEBOOKOS_ADVERTISE_IP"  # the address the router connects to (pods: the pod IP)
 ENV_LEASE_TTL = "NOTEBOOKOS_LEASE_TTL"  # seconds; default DEFAULT_LEASE_TTL
-ENV_GPU_DEVICES = "NOTEBOOKOS_GPU_DEVICES"  # JSON list of the host's devices: [{"index", "uuid", "simulated"}]
+ENV_GPU_DEVICES = (
+    "NOTEBOOKOS_GPU_DEVICES"  # JSON list of the host's devices: [{"index", "uuid", "simulated"}]
+)
 ENV_BUFFER_THRESHOLD = "NOTEBOOKOS_BUFFER_THRESHOLD"  # bytes above which buffers go to the object store
 ENV_CHECKPOINT_EVERY = "NOTEBOOKOS_CHECKPOINT_EVERY"  # records in the log before a checkpoint is taken
+ENV_POD_NAME = "NOTEBOOKOS_POD_NAME"  # Kubernetes: the pod's name (downward API), for the registration
 
 DEFAULT_LEASE_TTL = 5
 #: The seq of a kernel's first log record. ``applied_seq == FIRST_SEQ - 1`` means nothing applied yet (a new

@@ -1,0 +1,111 @@
+"""``NotebookOSProcessProxy``: how Enterprise Gateway starts a NotebookOS kernel.
+
+The kernelspec selects it through ``metadata.process_proxy.class_name``, as EG expects. EG's kernel manager
+has already chosen the kernel's five ports and HMAC key (the connection info every client uses); instead of
+running the kernelspec's argv, the proxy asks the platform to bind the kernel's replica router at that
+connection info and start the replicas. To EG the router then *is* the kernel process: ``poll`` reports
+whether it lives, ``send_signal(SIGINT)`` interrupts the running cell, ``kill`` stops every replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Any
+
+from enterprise_gateway.services.processproxies.processproxy import BaseProcessProxyABC, LocalProcessProxy
+from tornado import web
+
+from jupyter_notebookos.gateway.platform import GatewayPlatform, KernelRequestError
+from jupyter_notebookos.gateway.router import ReplicaRouter
+from jupyter_notebookos.launchers.base import LaunchError
+
+
+class NotebookOSProcessProxy(LocalProcessProxy):
+    """A NotebookOS kernel: a replica router in the gateway, replicas on distinct hosts."""
+
+    def __init__(self, kernel_manager: Any, proxy_config: dict[str, Any]) -> None:
+        super().__init__(kernel_manager, proxy_config)
+        self.router: ReplicaRouter | None = None
+        self._stopping: asyncio.Task[None] | None = None
+        self._interrupt: asyncio.Future[None] | None = None
+
+    async def launch_process(self, kernel_cmd: str, **kwargs: Any) -> NotebookOSProcessProxy:
+        """Start the kernel's router and replicas instead of a local process."""
+        await BaseProcessProxyABC.launch_process(self, kernel_cmd, **kwargs)  # env, KERNEL_ID, authorization
+        km = self.kernel_manager
+        env: dict[str, str] = dict(kwargs.get("env") or {})
+        ports = {
+            "shell": km.shell_port,
+            "iopub": km.iopub_port,
+            "stdin": km.stdin_port,
+            "control": km.control_port,
+            "hb": km.hb_port,
+        }
+        timeout = float(env.get("KERNEL_LAUNCH_TIMEOUT") or self.proxy_config.get("launch_timeout") or 60)
+        try:
+            self.router = await GatewayPlatform.current().start_kernel(
+                kernel_id=self.kernel_id,
+                kernel_name=km.kernel_name,
+                ip=km.ip,
+                ports=ports,
+                key=km.session.key,
+                signature_scheme=km.session.signature_scheme,
+                env=env,
+                launch_timeout=timeout,
+            )
+        except KernelRequestError as err:
+            raise web.HTTPError(400, str(err)) from err
+        except LaunchError as err:
+            raise web.HTTPError(500, str(err)) from err
+        self.ip = km.ip
+        self.log.info(
+            "NotebookOS kernel %s is up: router at %s, replicas %s",
+            self.kernel_id,
+            km.ip,
+            ", ".join(f"{r.replica_id}@{r.host}" for r in self.router.registrations.values()),
+        )
+        return self
+
+    def poll(self) -> int | None:
+        """``None`` while the kernel lives (a quorum of replicas, or recovering), else an exit code."""
+        if self.router is None:
+            return 0
+        return self.router.poll()
+
+    def wait(self) -> int | None:
+        return self.poll()
+
+    def send_signal(self, signum: int) -> bool | None:
+        if signum == 0:
+            return None if self.poll() is None else False
+        if self.router is None:
+            return None
+        if signum == signal.SIGINT:
+            self._interrupt = asyncio.ensure_future(self.router.interrupt())
+        else:
+            self._stop(now=signum == signal.SIGKILL)
+        return None
+
+    def kill(self) -> bool | None:
+        self._stop(now=True)
+        return None
+
+    def terminate(self) -> bool | None:
+        self._stop(now=False)
+        return None
+
+    def cleanup(self) -> None:
+        self._stop(now=True)
+
+    def _stop(self, *, now: bool) -> None:
+        if self.router is None or self._stopping is not None:
+            return
+        self.router.shutting_down = True
+        self.router.exit_code = 0 if self.router.exit_code is None else self.router.exit_code
+        self._stopping = asyncio.ensure_future(GatewayPlatform.current().stop_kernel(self.kernel_id, now=now))
+
+    def get_process_info(self) -> dict[str, Any]:
+        info = super().get_process_info()
+        info["notebookos"] = True
+        return info

@@ -1,0 +1,787 @@
+"""The replica router: one per NotebookOS kernel, the one place that sees every request of that kernel.
+
+To Enterprise Gateway (and so to every client, every tab) the router *is* the kernel: it binds the five
+Jupyter sockets at the connection info EG chose. Behind it run the kernel's replicas (see
+:mod:`jupyter_notebookos.replication.protocol` for the router <-> replica contract):
+
+- ``execute_request``: queued per kernel (FIFO). For the cell at the head, the planner (the scheduler)
+  chooses the executor among the replicas that applied every earlier state record and the GPU devices;
+  the router commits that decision in **one** etcd transaction (cell record + GPU-ledger entries bound to
+  the executor's lease, fenced on the executor key), forwards the request to the executor only, and on
+  ``execute_reply`` adds ``metadata.notebookos`` and releases the GPUs.
+- Other shell and control requests go to the current executor (or the most up-to-date replica);
+  ``shutdown_request`` goes to all replicas; stdin replies go to the replica that asked.
+- iopub: a replica's messages reach clients only when their parent request was routed to that replica,
+  so every output arrives exactly once.
+- Heartbeats are answered while a quorum of replicas is registered.
+- A replica whose registration vanishes (lease expired or revoked, process gone) is replaced on another
+  host; if it was running a cell, the client gets an error reply for that cell saying the state of the
+  previous cell is intact. A cell is never re-run silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import zmq
+import zmq.asyncio
+
+from jupyter_notebookos.coordination.client import Coordinator
+from jupyter_notebookos.coordination.errors import CoordinationError
+from jupyter_notebookos.coordination.kv import EventType, WatchEvent
+from jupyter_notebookos.coordination.txn import Compare, Op
+from jupyter_notebookos.gateway.wire import DELIM, MalformedMessage, Signer, WireMessage
+from jupyter_notebookos.replication.protocol import (
+    METADATA_KEY,
+    CellDirective,
+    LogRecord,
+    ReplicaRegistration,
+)
+
+log = logging.getLogger(__name__)
+
+#: How many request ids the router remembers for routing iopub (oldest forgotten first).
+ROUTE_MEMORY = 4096
+
+
+class CellRejected(Exception):
+    """The planner refuses a cell (e.g. it asks for more GPUs than any host has); the reason is for the user."""
+
+
+@dataclass(frozen=True)
+class CellRequest:
+    """What the router asks the planner for one cell."""
+
+    kernel_id: str
+    cell_id: str
+    gpus: int
+    replicas: dict[str, str]  # replica id -> host, of registered replicas
+    up_to_date: frozenset[str]  # replicas that applied every earlier record
+    previous: str | None  # the executor of the previous cell
+    arrived: float  # time.monotonic() at arrival
+
+
+@dataclass(frozen=True)
+class CellGrant:
+    """The planner's answer: run on ``replica_id`` at ``host`` with these GPU device ordinals."""
+
+    replica_id: str
+    host: str
+    devices: tuple[int, ...]
+    reason: str
+
+
+class CellPlanner(Protocol):
+    """The router's view of the scheduler (implemented by the gateway platform)."""
+
+    async def acquire(self, request: CellRequest, changed: asyncio.Event) -> CellGrant:
+        """Wait until the cell can run and return where; ``changed`` is set whenever replicas change."""
+
+    def release(self, kernel_id: str, cell_id: str) -> None:
+        """The cell finished (or failed): its GPUs are idle again."""
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    """Timeouts and limits of one router."""
+
+    launch_timeout: float = 60.0
+    max_message_bytes: int = 256 << 20
+    etcd_timeout: float = 5.0
+
+
+@dataclass
+class PendingCell:
+    """An ``execute_request`` waiting for, or running on, an executor."""
+
+    request: WireMessage
+    arrived: float
+    attempt: int = 1
+    seq: int = 0
+    grant: CellGrant | None = None
+    started: float = 0.0
+    done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class ReplicaLink:
+    """The router's sockets to one registered replica."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, registration: ReplicaRegistration, identity: bytes) -> None:
+        self.registration = registration
+        self.replica_id = registration.replica_id
+        self.host = registration.host
+        base = f"{registration.transport}://{registration.ip}:"
+        self.shell = ctx.socket(zmq.DEALER)
+        self.stdin = ctx.socket(zmq.DEALER)
+        self.control = ctx.socket(zmq.DEALER)
+        # The replica answers stdin requests to the identities of the shell request, so the router's
+        # shell and stdin sockets to a replica carry the same identity.
+        for sock in (self.shell, self.stdin, self.control):
+            sock.setsockopt(zmq.IDENTITY, identity)
+            sock.setsockopt(zmq.LINGER, 0)
+        self.iopub = ctx.socket(zmq.SUB)
+        self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.iopub.setsockopt(zmq.LINGER, 0)
+        self.shell.connect(base + str(registration.shell_port))
+        self.stdin.connect(base + str(registration.stdin_port))
+        self.control.connect(base + str(registration.control_port))
+        self.iopub.connect(base + str(registration.iopub_port))
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for sock in (self.shell, self.stdin, self.control, self.iopub):
+            sock.close(0)
+
+
+class ReplicaRouter:
+    """Presents one Jupyter kernel to EG and its clients, backed by replicas on distinct hosts."""
+
+    def __init__(
+        self,
+        *,
+        kernel_id: str,
+        ip: str,
+        ports: dict[str, int],
+        key: bytes,
+        signature_scheme: str,
+        gpus: int,
+        coordinator: Coordinator,
+        planner: CellPlanner,
+        settings: RouterSettings | None = None,
+        on_replica_lost: Callable[[ReplicaRouter, ReplicaRegistration, str], Awaitable[None]] | None = None,
+    ) -> None:
+        self.kernel_id = kernel_id
+        self.ip = ip
+        self.ports = ports
+        self.gpus = gpus
+        self.coordinator = coordinator
+        self.keys = coordinator.keys
+        self.planner = planner
+        self.settings = settings or RouterSettings()
+        self.signer = Signer(key, signature_scheme)
+        self.on_replica_lost = on_replica_lost
+        self.ctx = zmq.asyncio.Context.instance()
+        self.identity = f"notebookos-router-{kernel_id}".encode()
+
+        self.links: dict[str, ReplicaLink] = {}
+        self.registrations: dict[str, ReplicaRegistration] = {}
+        self.expected: set[str] = set()  # replicas started and not yet gone
+        self.state_seq: dict[str, int] = {}  # highest log seq each replica has the state of
+        self.log_head = 0  # the last seq handed to a cell
+        self.executor: str | None = None
+        self.fence = 0  # create_revision of the executor key for the current executor
+        self.running: PendingCell | None = None
+        self.cells_run = 0
+        self.gpu_seconds = 0.0
+        self.started_at = time.time()
+        self.changed = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self.shutting_down = False
+        self.exit_code: int | None = None
+
+        self._queue: asyncio.Queue[PendingCell] = asyncio.Queue()
+        self._routes: OrderedDict[str, str] = OrderedDict()  # request msg_id -> replica id
+        self._stdin_owner: str | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sockets: dict[str, zmq.asyncio.Socket] = {}
+        self._watch: Any = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    async def bind(self) -> None:
+        """Bind the client-facing sockets at the kernel's connection info."""
+        kinds = {
+            "shell": zmq.ROUTER,
+            "control": zmq.ROUTER,
+            "stdin": zmq.ROUTER,
+            "iopub": zmq.PUB,
+            "hb": zmq.REP,
+        }
+        for name, kind in kinds.items():
+            sock = self.ctx.socket(kind)
+            sock.setsockopt(zmq.LINGER, 0)
+            if name != "hb":
+                sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
+            if kind == zmq.ROUTER:
+                sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            sock.bind(f"tcp://{self.ip}:{self.ports[name]}")
+            self._sockets[name] = sock
+
+    async def start(self, *, fresh: bool = True) -> None:
+        """Start watching etcd and serving clients. ``fresh`` clears what a previous kernel left in etcd."""
+        if fresh:
+            await self.coordinator.delete_prefix(self.keys.kernel_prefix(self.kernel_id))
+        snapshot = await self.coordinator.get_prefix(self.keys.kernel_prefix(self.kernel_id))
+        for kv in snapshot:
+            self._apply_event(
+                WatchEvent(EventType.PUT, kv.key, kv.value, kv.mod_revision, kv.create_revision)
+            )
+        self._watch = self.coordinator.watch_prefix(
+            self.keys.kernel_prefix(self.kernel_id), start_revision=snapshot.revision + 1
+        )
+        self._spawn(self._watch_loop())
+        self._spawn(self._client_loop("shell", self._on_client_shell))
+        self._spawn(self._client_loop("control", self._on_client_control))
+        self._spawn(self._client_loop("stdin", self._on_client_stdin))
+        self._spawn(self._heartbeat_loop())
+        self._spawn(self._dispatch_loop())
+
+    def expect(self, replica_id: str) -> None:
+        """A replica was started for this kernel: count it until it registers or is declared gone."""
+        self.expected.add(replica_id)
+
+    async def wait_registered(self, replica_ids: set[str], timeout: float) -> set[str]:
+        """Wait until these replicas registered; return those that did not within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while not replica_ids <= set(self.registrations):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self.changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), remaining)
+        return replica_ids - set(self.registrations)
+
+    @property
+    def quorum(self) -> bool:
+        """Whether a majority of the kernel's replicas is registered."""
+        size = max(len(self.expected), 1)
+        return len(self.registrations) * 2 > size
+
+    def poll(self) -> int | None:
+        """``None`` while the kernel lives (EG's process-proxy convention), else an exit code."""
+        return self.exit_code
+
+    async def interrupt(self) -> None:
+        """Interrupt the running cell (a message on the executor's control channel)."""
+        target = self._target_replica()
+        if target is None:
+            return
+        msg = self.signer.make(
+            "interrupt_request", {}, self._synthetic_parent("interrupt_request"), idents=[]
+        )
+        await self.links[target].control.send_multipart(msg.frames())
+
+    async def close(self) -> None:
+        """Stop every loop, close every socket. Replicas are stopped by the caller (it owns the launcher)."""
+        self.shutting_down = True
+        if self.exit_code is None:
+            self.exit_code = 0
+        if self._watch is not None:
+            await self._watch.aclose()
+        for task in self._tasks:
+            task.cancel()
+        for link in self.links.values():
+            link.close()
+        self.links.clear()
+        for sock in self._sockets.values():
+            sock.close(0)
+        self._sockets.clear()
+        self.stopped.set()
+
+    # -- etcd ---------------------------------------------------------------------------------------
+
+    async def _watch_loop(self) -> None:
+        assert self._watch is not None
+        try:
+            async for event in self._watch:
+                self._apply_event(event)
+        except asyncio.CancelledError:
+            raise
+        except CoordinationError as err:
+            log.error("kernel %s: watch on etcd ended: %s", self.kernel_id, err)
+
+    def _apply_event(self, event: WatchEvent) -> None:
+        rel = event.key[len(self.keys.kernel_prefix(self.kernel_id)) :]
+        section, _, name = rel.partition("/")
+        if section == "replicas" and name:
+            if event.type is EventType.PUT:
+                self._replica_registered(ReplicaRegistration.from_json(event.value))
+            else:
+                self._replica_gone(name, "its etcd lease ended (process exited or unreachable)")
+        elif section == "applied" and name and event.type is EventType.PUT:
+            seq = int(event.value)
+            if seq > self.state_seq.get(name, -1):
+                self.state_seq[name] = seq
+        elif section == "log" and name and event.type is EventType.PUT:
+            self.log_head = max(self.log_head, self.keys.seq_of(event.key))
+        elif section == "checkpoint" and event.type is EventType.PUT:
+            self.log_head = max(self.log_head, int(json.loads(event.value).get("seq", 0)))
+        elif section == "executor" and event.type is EventType.DELETE and self.executor is not None:
+            self.executor, self.fence = None, 0
+        self.changed.set()
+
+    def _replica_registered(self, registration: ReplicaRegistration) -> None:
+        rid = registration.replica_id
+        old = self.links.pop(rid, None)
+        if old is not None:
+            old.close()
+        link = ReplicaLink(self.ctx, registration, self.identity)
+        self.links[rid] = link
+        self.registrations[rid] = registration
+        self.expected.add(rid)
+        self.state_seq[rid] = max(self.state_seq.get(rid, -1), registration.applied_seq)
+        link.tasks.append(self._spawn(self._replica_loop(link, link.shell, self._on_replica_shell)))
+        link.tasks.append(self._spawn(self._replica_loop(link, link.control, self._on_replica_control)))
+        link.tasks.append(self._spawn(self._replica_loop(link, link.stdin, self._on_replica_stdin)))
+        link.tasks.append(self._spawn(self._replica_loop(link, link.iopub, self._on_replica_iopub)))
+        log.info(
+            "kernel %s: replica %s ready on %s (state seq %d)",
+            self.kernel_id,
+            rid,
+            registration.host,
+            registration.applied_seq,
+        )
+
+    def _replica_gone(self, rid: str, why: str) -> None:
+        registration = self.registrations.pop(rid, None)
+        link = self.links.pop(rid, None)
+        if link is not None:
+            link.close()
+        self.state_seq.pop(rid, None)
+        self.expected.discard(rid)
+        if registration is None:
+            return
+        if self.executor == rid:
+            self.executor, self.fence = None, 0
+        cell = self.running
+        if (
+            cell is not None
+            and cell.grant is not None
+            and cell.grant.replica_id == rid
+            and not cell.done.done()
+        ):
+            self._fail_running_cell(cell, registration, why)
+        if self.shutting_down:
+            if not self.registrations:
+                self.exit_code = 0
+            return
+        log.warning("kernel %s: replica %s on %s is gone: %s", self.kernel_id, rid, registration.host, why)
+        if self.on_replica_lost is not None:
+            self._spawn(self.on_replica_lost(self, registration, why))
+
+    # -- cells --------------------------------------------------------------------------------------
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            cell = await self._queue.get()
+            try:
+                await self._run_cell(cell)
+            except asyncio.CancelledError:
+                raise
+            except _CellAborted:
+                self.planner.release(self.kernel_id, cell.request.msg_id)
+            except Exception as err:
+                log.exception("kernel %s: cell %s failed in the router", self.kernel_id, cell.request.msg_id)
+                if not cell.done.done():
+                    self._error_reply(cell, "NotebookOSError", f"NotebookOS could not run this cell: {err}")
+
+    async def _run_cell(self, cell: PendingCell) -> None:
+        msg_id = cell.request.msg_id
+        while True:
+            up_to_date = frozenset(
+                r for r in self.registrations if self.state_seq.get(r, -1) >= self.log_head
+            )
+            request = CellRequest(
+                kernel_id=self.kernel_id,
+                cell_id=msg_id,
+                gpus=self.gpus,
+                replicas={r: reg.host for r, reg in self.registrations.items()},
+                up_to_date=up_to_date,
+                previous=self.executor,
+                arrived=cell.arrived,
+            )
+            try:
+                grant = await self.planner.acquire(request, self.changed)
+            except CellRejected as err:
+                self._error_reply(cell, "NotebookOSCellRejected", str(err))
+                return
+            if grant.replica_id not in self.registrations:
+                self.planner.release(self.kernel_id, msg_id)
+                continue  # the replica went away while we waited
+            if await self._commit(cell, grant):
+                break
+            self.planner.release(self.kernel_id, msg_id)
+            await asyncio.sleep(0.05)
+
+        link = self.links[grant.replica_id]
+        cell.grant = grant
+        cell.started = time.monotonic()
+        self.running = cell
+        directive = CellDirective(
+            seq=cell.seq, fence=self.fence, gpus=list(grant.devices), attempt=cell.attempt
+        )
+        metadata = cell.request.metadata()
+        metadata[METADATA_KEY] = directive.to_dict()
+        forwarded = self.signer.with_metadata(cell.request, metadata)
+        self._remember_route(msg_id, grant.replica_id)
+        await link.shell.send_multipart(forwarded.frames())
+        try:
+            await cell.done
+        finally:
+            self.running = None
+            self.planner.release(self.kernel_id, msg_id)
+            self.gpu_seconds += (time.monotonic() - cell.started) * len(grant.devices)
+            await self._release(cell, grant)
+
+    async def _commit(self, cell: PendingCell, grant: CellGrant) -> bool:
+        """The one transaction of a cell: executor term (if it changes), cell record and GPU entries."""
+        registration = self.registrations[grant.replica_id]
+        keys, kid = self.keys, self.kernel_id
+        seq = self.log_head + 1
+        executor_key = keys.executor(kid)
+        record = json.dumps(
+            {
+                "msg_id": cell.request.msg_id,
+                "executor": grant.replica_id,
+                "host": grant.host,
+                "gpus": list(grant.devices),
+                "attempt": cell.attempt,
+                "seq": seq,
+            }
+        )
+        compares = [Compare.present(keys.replica(kid, grant.replica_id))]
+        compares += [Compare.absent(keys.gpu(grant.host, d)) for d in grant.devices]
+        ops = [Op.put(keys.cell(kid, cell.request.msg_id), record, lease=registration.lease)]
+        ops += [
+            Op.put(
+                keys.gpu(grant.host, d),
+                json.dumps(
+                    {
+                        "kernel_id": kid,
+                        "replica_id": grant.replica_id,
+                        "msg_id": cell.request.msg_id,
+                    }
+                ),
+                lease=registration.lease,
+            )
+            for d in grant.devices
+        ]
+        switching = self.executor != grant.replica_id or not self.fence
+        try:
+            if switching:
+                # A new executor term: the old executor key goes first, so the new one gets a fresh
+                # create_revision (the fence a stale executor's log write will fail on).
+                await self.coordinator.delete(executor_key)
+                compares.append(Compare.absent(executor_key))
+                ops.append(Op.put(executor_key, grant.replica_id, lease=registration.lease))
+            else:
+                compares.append(Compare.create_revision(executor_key, "==", self.fence))
+            result = await self.coordinator.txn(compare=compares, success=ops, failure=[])
+        except CoordinationError as err:
+            self._error_reply(cell, "NotebookOSUnavailable", f"{err}")
+            raise _CellAborted(str(err)) from err
+        if not result.succeeded:
+            log.warning(
+                "kernel %s: decision for cell %s conflicted in etcd; choosing again",
+                self.kernel_id,
+                cell.request.msg_id,
+            )
+            if switching:
+                self.executor, self.fence = None, 0
+            return False
+        if switching:
+            self.executor, self.fence = grant.replica_id, result.revision
+        cell.seq = seq
+        self.log_head = seq
+        return True
+
+    async def _release(self, cell: PendingCell, grant: CellGrant) -> None:
+        ops = [Op.delete(self.keys.cell(self.kernel_id, cell.request.msg_id))]
+        ops += [Op.delete(self.keys.gpu(grant.host, d)) for d in grant.devices]
+        try:
+            await self.coordinator.txn(compare=[], success=ops, failure=[])
+        except CoordinationError as err:
+            # The entries are bound to the executor's lease: they cannot outlive it.
+            log.warning(
+                "kernel %s: releasing the GPUs of cell %s in etcd failed: %s",
+                self.kernel_id,
+                cell.request.msg_id,
+                err,
+            )
+
+    def _fail_running_cell(self, cell: PendingCell, registration: ReplicaRegistration, why: str) -> None:
+        message = (
+            f"The replica running this cell ({registration.replica_id} on {registration.host}) stopped: {why}. "
+            "This cell was not re-run. The kernel's state as of the previous cell is intact on the other "
+            "replicas, and the kernel is back to full strength by itself; run the cell again when ready."
+        )
+        self._error_reply(cell, "ReplicaLost", message)
+        self._spawn(self._close_lost_seq(cell.seq, cell.request.msg_id, registration.replica_id))
+
+    async def _close_lost_seq(self, seq: int, msg_id: str, replica_id: str) -> None:
+        """Write a ``lost`` record at ``seq`` unless the dead executor published it before it died."""
+        if seq <= 0:
+            return
+        record = LogRecord(seq=seq, kind="lost", msg_id=msg_id, replica_id=replica_id)
+        key = self.keys.log_record(self.kernel_id, seq)
+        try:
+            await self.coordinator.delete(self.keys.executor(self.kernel_id))
+            await self.coordinator.txn(
+                compare=[Compare.absent(key)], success=[Op.put(key, record.to_json())], failure=[]
+            )
+        except CoordinationError as err:
+            log.error("kernel %s: could not close log seq %d: %s", self.kernel_id, seq, err)
+
+    def _error_reply(self, cell: PendingCell, ename: str, evalue: str) -> None:
+        """Answer ``cell`` with an error (reply on shell, error and idle on iopub)."""
+        grant = cell.grant
+        metadata = {
+            "status": "error",
+            METADATA_KEY: {
+                "replica": grant.replica_id if grant else None,
+                "host": grant.host if grant else None,
+                "gpus": list(grant.devices) if grant else [],
+                "queued_ms": self._queued_ms(cell),
+                "attempt": cell.attempt,
+            },
+        }
+        content = {
+            "status": "error",
+            "ename": ename,
+            "evalue": evalue,
+            "traceback": [f"{ename}: {evalue}"],
+            "execution_count": None,
+        }
+        iopub = self._sockets.get("iopub")
+        shell = self._sockets.get("shell")
+        if iopub is not None:
+            error = self.signer.make(
+                "error",
+                {k: content[k] for k in ("ename", "evalue", "traceback")},
+                cell.request,
+                idents=[b"kernel.error"],
+            )
+            idle = self.signer.make(
+                "status", {"execution_state": "idle"}, cell.request, idents=[b"kernel.status"]
+            )
+            self._spawn(self._send_all(iopub, [error.frames(), idle.frames()]))
+        if shell is not None:
+            reply = self.signer.make("execute_reply", content, cell.request, metadata=metadata)
+            self._spawn(self._send_all(shell, [reply.frames()]))
+        if not cell.done.done():
+            cell.done.set_result(None)
+
+    @staticmethod
+    async def _send_all(sock: zmq.asyncio.Socket, messages: list[list[bytes]]) -> None:
+        for frames in messages:
+            await sock.send_multipart(frames)
+
+    def _queued_ms(self, cell: PendingCell) -> float:
+        end = cell.started or time.monotonic()
+        return round((end - cell.arrived) * 1000.0, 3)
+
+    # -- client side --------------------------------------------------------------------------------
+
+    async def _client_loop(self, name: str, handler: Callable[[WireMessage], Awaitable[None]]) -> None:
+        sock = self._sockets[name]
+        while True:
+            frames = await sock.recv_multipart(copy=True)
+            try:
+                msg = WireMessage.parse(frames)
+                _ = msg.header  # parse now, so a bad header is refused here
+            except MalformedMessage as err:
+                log.warning("kernel %s: dropped a malformed %s message: %s", self.kernel_id, name, err)
+                continue
+            try:
+                await handler(msg)
+            except MalformedMessage as err:
+                log.warning("kernel %s: dropped a %s message: %s", self.kernel_id, name, err)
+            except zmq.ZMQError as err:
+                log.warning("kernel %s: could not forward a %s message: %s", self.kernel_id, name, err)
+
+    async def _on_client_shell(self, msg: WireMessage) -> None:
+        if msg.msg_type == "execute_request":
+            self.signer.verify(msg)  # we re-sign it, so we must vouch for it
+            msg.content()  # and it must be readable
+            await self._queue.put(PendingCell(msg, time.monotonic()))
+            return
+        target = self._target_replica()
+        if target is None:
+            log.warning("kernel %s: no replica to take %s", self.kernel_id, msg.msg_type)
+            return
+        self._remember_route(msg.msg_id, target)
+        await self.links[target].shell.send_multipart(msg.frames())
+
+    async def _on_client_control(self, msg: WireMessage) -> None:
+        if msg.msg_type == "shutdown_request":
+            self.shutting_down = True
+            for rid, link in list(self.links.items()):
+                self._remember_route(msg.msg_id, rid)
+                await link.control.send_multipart(msg.frames())
+            if not self.links:
+                self.exit_code = 0
+            return
+        target = self._target_replica(prefer_running=True)
+        if target is None:
+            return
+        self._remember_route(msg.msg_id, target)
+        await self.links[target].control.send_multipart(msg.frames())
+
+    async def _on_client_stdin(self, msg: WireMessage) -> None:
+        target = self._stdin_owner or self._target_replica(prefer_running=True)
+        if target is not None and target in self.links:
+            await self.links[target].stdin.send_multipart(msg.frames())
+
+    async def _heartbeat_loop(self) -> None:
+        sock = self._sockets["hb"]
+        while True:
+            frames = await sock.recv_multipart()
+            while not self.quorum and not self.shutting_down:
+                # No answer while a majority of replicas is missing: the client sees the kernel as dead.
+                self.changed.clear()
+                await self.changed.wait()
+            await sock.send_multipart(frames)
+
+    def _target_replica(self, *, prefer_running: bool = False) -> str | None:
+        """Where a non-execute request goes: the running cell's replica, the executor, or the freshest."""
+        if prefer_running and self.running is not None and self.running.grant is not None:
+            rid = self.running.grant.replica_id
+            if rid in self.links:
+                return rid
+        if self.executor in self.links:
+            return self.executor
+        if not self.links:
+            return None
+        return max(self.links, key=lambda r: (self.state_seq.get(r, -1), r))
+
+    def _remember_route(self, msg_id: str, replica_id: str) -> None:
+        self._routes[msg_id] = replica_id
+        self._routes.move_to_end(msg_id)
+        while len(self._routes) > ROUTE_MEMORY:
+            self._routes.popitem(last=False)
+
+    # -- replica side -------------------------------------------------------------------------------
+
+    async def _replica_loop(
+        self,
+        link: ReplicaLink,
+        sock: zmq.asyncio.Socket,
+        handler: Callable[[ReplicaLink, WireMessage, list[bytes]], Awaitable[None]],
+    ) -> None:
+        while True:
+            frames = await sock.recv_multipart(copy=True)
+            try:
+                msg = WireMessage.parse(frames)
+                await handler(link, msg, frames)
+            except MalformedMessage as err:
+                log.warning(
+                    "kernel %s: replica %s sent a malformed message: %s", self.kernel_id, link.replica_id, err
+                )
+            except zmq.ZMQError as err:
+                log.warning(
+                    "kernel %s: could not relay from replica %s: %s", self.kernel_id, link.replica_id, err
+                )
+
+    async def _on_replica_shell(self, link: ReplicaLink, msg: WireMessage, frames: list[bytes]) -> None:
+        cell = self.running
+        if (
+            msg.msg_type == "execute_reply"
+            and cell is not None
+            and msg.parent_msg_id == cell.request.msg_id
+            and cell.grant is not None
+            and cell.grant.replica_id == link.replica_id
+        ):
+            metadata = msg.metadata()
+            ours = dict(metadata.get(METADATA_KEY) or {})
+            ours.setdefault("replica", link.replica_id)
+            ours.setdefault("host", link.host)
+            ours.setdefault("gpus", list(cell.grant.devices))
+            ours.update(queued_ms=self._queued_ms(cell), attempt=cell.attempt)
+            metadata[METADATA_KEY] = ours
+            msg = self.signer.with_metadata(msg, metadata)
+            await self._sockets["shell"].send_multipart(msg.frames())
+            # The executor has the state of this cell in memory already.
+            self.state_seq[link.replica_id] = max(self.state_seq.get(link.replica_id, -1), cell.seq)
+            self.cells_run += 1
+            if not cell.done.done():
+                cell.done.set_result(None)
+            return
+        if self._routes.get(msg.parent_msg_id) == link.replica_id:
+            await self._sockets["shell"].send_multipart(frames)
+
+    async def _on_replica_control(self, link: ReplicaLink, msg: WireMessage, frames: list[bytes]) -> None:
+        if not msg.idents:
+            return  # a reply to the router's own request (interrupt from a signal)
+        if msg.msg_type == "shutdown_reply":
+            # Every replica answers; clients get one reply.
+            if self._routes.pop(msg.parent_msg_id, None) is None:
+                return
+        elif self._routes.get(msg.parent_msg_id) != link.replica_id:
+            return
+        await self._sockets["control"].send_multipart(frames)
+
+    async def _on_replica_stdin(self, link: ReplicaLink, msg: WireMessage, frames: list[bytes]) -> None:
+        self._stdin_owner = link.replica_id
+        await self._sockets["stdin"].send_multipart(frames)
+
+    async def _on_replica_iopub(self, link: ReplicaLink, msg: WireMessage, frames: list[bytes]) -> None:
+        parent = msg.parent_msg_id
+        if parent:
+            if self._routes.get(parent) != link.replica_id:
+                return
+        elif link.replica_id != self._target_replica():
+            return  # unparented output (e.g. a background thread): from the executor only
+        await self._sockets["iopub"].send_multipart(frames)
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.append(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._tasks.remove(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("kernel %s: router task failed: %r", self.kernel_id, task.exception())
+
+    def _synthetic_parent(self, msg_type: str) -> WireMessage:
+        header = json.dumps(
+            {
+                "msg_id": f"router-{time.monotonic_ns()}",
+                "msg_type": msg_type,
+                "session": self.signer.session.session,
+                "username": "notebookos",
+                "version": "5.3",
+            }
+        ).encode()
+        return WireMessage([], b"", header, b"{}", b"{}", b"{}")
+
+    def summary(self) -> dict[str, Any]:
+        """The router's state for ``GET /api/notebookos/kernels/{id}``."""
+        return {
+            "executor": self.executor,
+            "cells": self.cells_run,
+            "log_head": self.log_head,
+            "queued": self._queue.qsize(),
+            "running": self.running.request.msg_id if self.running else None,
+            "gpu_seconds_used": round(self.gpu_seconds, 3),
+        }
+
+
+class _CellAborted(Exception):
+    """The cell could not be committed and was answered with an error already."""
+
+
+__all__ = [
+    "DELIM",
+    "CellGrant",
+    "CellPlanner",
+    "CellRejected",
+    "CellRequest",
+    "ReplicaRouter",
+    "RouterSettings",
+]
