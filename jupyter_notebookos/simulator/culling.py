@@ -35,12 +35,10 @@ def apply_idle_culling(
         if session.life_known:
             sessions.append(session)
             continue
-        for index, tasks in enumerate(_split_at_gaps(session.tasks, timeout_s) if cull_gaps
-                                      else [session.tasks]):
+        for index, tasks in enumerate(_split_at_gaps(session.tasks, timeout_s) if cull_gaps else [session.tasks]):
             session_id = session.session_id if index == 0 else f"{session.session_id}.{index}"
             part = Session.from_tasks(session_id, tasks) if cull_gaps else session
-            sessions.append(part.with_life(part.tasks[0].submit_s - lead,
-                                           max(t.end_s for t in part.tasks) + timeout_s))
+            sessions.append(part.with_life(part.tasks[0].submit_s - lead, max(t.end_s for t in part.tasks) + timeout_s))
     return Workload(name=workload.name, sessions=tuple(sessions))
 
 

@@ -23,8 +23,10 @@ def write_plots(runs: dict[str, PolicyMetrics], directory: str | Path, title: st
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 2.4 * len(runs) + 0.6), sharex=True, squeeze=False)
     for ax, (name, run) in zip(axes[:, 0], runs.items(), strict=True):
         lo, hi = run.measure_start_s, min(run.measure_end_s, run.end_s)
-        for level, label, color in ((run.provisioned_gpus, "provisioned", "tab:red"),
-                                    (run.busy_gpus, "busy (training)", "tab:blue")):
+        for level, label, color in (
+            (run.provisioned_gpus, "provisioned", "tab:red"),
+            (run.busy_gpus, "busy (training)", "tab:blue"),
+        ):
             t = np.asarray(level.samples_t)
             v = np.asarray(level.samples_v)
             keep = (t >= lo) & (t <= hi)

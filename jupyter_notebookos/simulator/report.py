@@ -10,13 +10,21 @@ from rich.table import Table
 
 
 def result_document(
-    start_hour: float, hours: float, sessions: int, tasks: int, summaries: dict[str, dict[str, Any]],
+    start_hour: float,
+    hours: float,
+    sessions: int,
+    tasks: int,
+    summaries: dict[str, dict[str, Any]],
     saved: dict[str, float],
 ) -> dict[str, Any]:
     """The `--json` object: window, per-policy figures and the saving against Reservation."""
     return {
-        "window": {"start_hour": round(start_hour, 4), "hours": round(hours, 4), "sessions": sessions,
-                   "tasks": tasks},
+        "window": {
+            "start_hour": round(start_hour, 4),
+            "hours": round(hours, 4),
+            "sessions": sessions,
+            "tasks": tasks,
+        },
         "policies": summaries,
         "saved_gpu_hours_vs_reservation": saved,
     }
@@ -35,8 +43,17 @@ def write_table(document: dict[str, Any], console: Console, title: str = "") -> 
         f"{window['tasks']} tasks; delay = submission to start of execution"
     )
     table = Table(title=title or "notebookos simulate", caption=caption)
-    for column in ("policy", "provisioned GPU-h", "busy GPU-h", "util.", "saved vs resv. GPU-h",
-                   "delay p50 / p95 / p99 / max (s)", "≤1 s", "migrations", "scale out / in"):
+    for column in (
+        "policy",
+        "provisioned GPU-h",
+        "busy GPU-h",
+        "util.",
+        "saved vs resv. GPU-h",
+        "delay p50 / p95 / p99 / max (s)",
+        "≤1 s",
+        "migrations",
+        "scale out / in",
+    ):
         table.add_column(column, justify="left" if column == "policy" else "right")
     saved = document["saved_gpu_hours_vs_reservation"]
     for name, p in document["policies"].items():

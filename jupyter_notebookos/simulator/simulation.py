@@ -12,9 +12,17 @@ freed (hosts ready, cells ending) before it is asked for (sessions starting, cel
 What the engine adds around the scheduler (the scheduler has no view of these):
 - Kernels whose placement was refused wait here in FIFO order, with their cells held; the engine asks
   for the hosts the refusal says are short and retries when a host joins or the autoscaler runs.
+- A cell that waits in the scheduler's queue with `scale_out_would_help` gets a host asked for it too
+  (`scale_out_on_wait`, on by default), unless hosts already being provisioned are unclaimed. The
+  scheduler's autoscaler sizes the cluster from committed and queued GPU counts, which cannot see a cell
+  blocked by fragmentation (idle GPUs spread over hosts, or on hosts full of replicas).
 - A kernel's replicas need `container_start_s` before they can run a cell (not Batch: it pays that per
   cell). Cells submitted earlier are held here and count their wait as delay.
-- A session whose life ends while one of its cells is still queued or running ends when that cell ends.
+- Sessions are closed loops: a user submits the next cell when the previous one has returned, after the
+  idle gap the trace shows between them (trace submission minus trace end of the previous task). So a
+  delayed cell delays the rest of its session instead of piling cells up behind it, and each cell's delay
+  is measured from its own submission. A session's life is stretched by the same amount: its kernel lives
+  on after its last cell returns for as long as the trace's life outlasts the last task.
 """
 
 from __future__ import annotations
@@ -69,6 +77,7 @@ class SimulationConfig:
     scheduler_options: dict[str, Any] = field(default_factory=dict)
     autoscale_interval_s: float = 60.0
     initial_hosts: int | None = None
+    scale_out_on_wait: bool = True
     measure_start_s: float = -math.inf
     measure_end_s: float = math.inf
 
@@ -80,16 +89,16 @@ class SimulationConfig:
 
 
 class _SessionState:
-    __slots__ = ("active", "ending", "held", "kernel_ready", "outstanding", "placed", "stopped")
+    __slots__ = ("active", "held", "kernel_ready", "outstanding", "placed", "stopped", "submit_at")
 
     def __init__(self, tasks: int) -> None:
         self.active = False
         self.placed = False
         self.kernel_ready = False
         self.stopped = False
-        self.ending = False
         self.held: list[int] = []  # task indexes submitted before the kernel could take them
         self.outstanding = tasks  # tasks not yet finished (or rejected)
+        self.submit_at = 0.0  # when the session's current cell was submitted
 
 
 class Simulation:
@@ -134,7 +143,9 @@ class Simulation:
     def run(self) -> PolicyMetrics:
         """Play every event; returns the metrics of the run."""
         gpus = self.costs.gpus_per_host
-        initial = self.scheduler.settings.min_hosts if self.config.initial_hosts is None else self.config.initial_hosts
+        initial = self.config.initial_hosts
+        if initial is None:
+            initial = self.scheduler.settings.min_hosts
         for _ in range(initial):
             self._add_host(self.t0)
         self.metrics.provisioned_gpus.set(self.t0, self._hosts_up * gpus)
@@ -246,12 +257,15 @@ class Simulation:
         if not decision.scale_out_would_help:
             self._reject_session(now, i)
             return True  # nothing to wait for
+        self._claim_hosts(now, max(1, decision.hosts_short))
+        return False
+
+    def _claim_hosts(self, now: float, need: int) -> None:
+        """Ask for `need` hosts for a blocked kernel or cell, counting unclaimed ones in flight."""
         unclaimed = self._provisioning - self._claimed
-        need = max(1, decision.hosts_short)
         if need > unclaimed:
             self._provision(now, need - unclaimed)
         self._claimed = min(self._provisioning, self._claimed + need)
-        return False
 
     def _reject_session(self, now: float, i: int) -> None:
         state = self._state[i]
@@ -260,6 +274,7 @@ class Simulation:
         self.metrics.rejected_cells += state.outstanding
         state.outstanding = 0
         state.held.clear()
+        self._push(now, SESSION_END, i, 1)
 
     def _retry_waiting(self, now: float) -> None:
         for _ in range(len(self._waiting)):
@@ -279,10 +294,9 @@ class Simulation:
         for task in held:
             self._request(now, i, task)
 
-    def _on_session_end(self, now: float, i: int, b: int) -> None:
-        state = self._state[i]
-        state.ending = True
-        if state.outstanding == 0:
+    def _on_session_end(self, now: float, i: int, final: int) -> None:
+        # A session with tasks ends after its last task returns (see _finish_task), not at its trace end.
+        if final or not self._sessions[i].tasks:
             self._stop(now, i)
 
     def _stop(self, now: float, i: int) -> None:
@@ -298,12 +312,10 @@ class Simulation:
     # --- cells ----------------------------------------------------------------------------------------
 
     def _on_task_submit(self, now: float, i: int, k: int) -> None:
-        session = self._sessions[i]
         state = self._state[i]
-        if k + 1 < len(session.tasks):
-            self._push(session.tasks[k + 1].submit_s, TASK_SUBMIT, i, k + 1)
         if state.stopped:
             return
+        state.submit_at = now
         if not state.kernel_ready:
             state.held.append(k)
             return
@@ -321,10 +333,13 @@ class Simulation:
             self._run_cell(now, decision)
         elif isinstance(decision, MigrateThenRun):
             self._begin_migration(now, decision.migration)
+        elif isinstance(decision, WaitInQueue):
+            if decision.scale_out_would_help and self.config.scale_out_on_wait:
+                self._claim_hosts(now, 1)
         elif isinstance(decision, RejectCell):
             i = self._index[decision.kernel_id]
             self.metrics.rejected_cells += 1
-            self._finish_task(now, i)
+            self._finish_task(now, i, int(decision.cell_id))
 
     def _run_cell(self, now: float, decision: RunCell) -> None:
         if decision.reason == "fresh-replica":
@@ -338,7 +353,7 @@ class Simulation:
 
     def _on_cell_start(self, now: float, i: int, k: int) -> None:
         task = self._sessions[i].tasks[k]
-        self.metrics.record_start(task.submit_s, now)
+        self.metrics.record_start(self._state[i].submit_at, now)
         self.metrics.busy_gpus.add(now, task.gpus)
         self.metrics.committed_gpus.set(now, self.scheduler.model.busy)
         self._push(now + task.duration_s, TASK_END, i, k)
@@ -347,15 +362,21 @@ class Simulation:
         session = self._sessions[i]
         self.metrics.busy_gpus.add(now, -session.tasks[k].gpus)
         self._count(self.scheduler.cell_finished(session.session_id, str(k), now))
-        self._finish_task(now, i)
+        self._finish_task(now, i, k)
         self._dispatch(now)
         self.metrics.committed_gpus.set(now, self.scheduler.model.busy)
 
-    def _finish_task(self, now: float, i: int) -> None:
+    def _finish_task(self, now: float, i: int, k: int) -> None:
+        """Task k of session i returned (or was rejected): the user goes on after the trace's gap."""
         state = self._state[i]
         state.outstanding -= 1
-        if state.outstanding == 0 and state.ending:
-            self._stop(now, i)
+        tasks = self._sessions[i].tasks
+        if k + 1 < len(tasks):
+            self._push(now + max(0.0, tasks[k + 1].submit_s - tasks[k].end_s), TASK_SUBMIT, i, k + 1)
+        elif state.outstanding == 0:
+            # the kernel lives on as long after its last cell as the trace's life outlasts the last task
+            tail = max(0.0, self._sessions[i].end_s - tasks[k].end_s)
+            self._push(now + tail, SESSION_END, i, 1)
 
     def _dispatch(self, now: float) -> None:
         if not len(self.scheduler.queue):
@@ -375,8 +396,12 @@ class Simulation:
         decision = self.scheduler.migration_finished(migration_id, now)
         self._count(decision)
         if isinstance(decision, MigrationCompleted) and decision.run is not None:
-            self._push(now + self.costs.cell_commit_s, CELL_START, self._index[decision.run.kernel_id],
-                       int(decision.run.cell_id))
+            self._push(
+                now + self.costs.cell_commit_s,
+                CELL_START,
+                self._index[decision.run.kernel_id],
+                int(decision.run.cell_id),
+            )
 
     def _count(self, decision: object) -> None:
         name = type(decision).__name__

@@ -30,8 +30,17 @@ from jupyter_notebookos.simulator.workload import Session, Task, Workload
 
 GPU_CHOICES = (1, 4, 8)
 GPU_WEIGHTS = (0.49, 0.20, 0.31)
-DURATION_QUANTILES_MIN = ((0.0, 1.0), (0.25, 3.0), (0.5, 5.0), (0.75, 12.0), (0.9, 32.0), (0.95, 95.0),
-                          (0.99, 1021.0), (0.999, 3400.0), (1.0, 26458.0))
+DURATION_QUANTILES_MIN = (
+    (0.0, 1.0),
+    (0.25, 3.0),
+    (0.5, 5.0),
+    (0.75, 12.0),
+    (0.9, 32.0),
+    (0.95, 95.0),
+    (0.99, 1021.0),
+    (0.999, 3400.0),
+    (1.0, 26458.0),
+)
 GAP_QUANTILES_MIN = ((0.0, 1.0), (0.5, 3.0), (0.75, 7.0), (0.9, 35.0), (0.99, 600.0), (1.0, 1440.0))
 MEAN_DURATION_MIN = 54.6
 MEAN_DURATION_BY_GPUS_MIN = {1: 12.9, 4: 112.4, 8: 83.5}

@@ -70,24 +70,26 @@ def read_job_csv(path: str | Path, *, split_on_gpu_change: bool = False) -> Work
     try:
         with path.open(newline="") as handle:
             reader = csv.DictReader(handle)
-            missing = [c for c in ("job_id", "num_gpu", "submit_time", "duration") if c not in
-                       (reader.fieldnames or [])]
+            missing = [
+                c for c in ("job_id", "num_gpu", "submit_time", "duration") if c not in (reader.fieldnames or [])
+            ]
             if missing:
                 raise TraceFormatError(
-                    f"{path}: missing column(s) {', '.join(missing)}; "
-                    f"expected header {','.join(TRACE_COLUMNS)}"
+                    f"{path}: missing column(s) {', '.join(missing)}; expected header {','.join(TRACE_COLUMNS)}"
                 )
             for row in reader:
                 where = f"{path}:{reader.line_num}"
                 if None in row or any(v is None for v in row.values()):
                     expected = len(reader.fieldnames or [])
                     raise TraceFormatError(f"{where}: wrong number of fields, expected {expected}")
-                rows.append((
-                    _int_field(row, "job_id", where, 0),
-                    _int_field(row, "num_gpu", where, 1),
-                    _int_field(row, "submit_time", where, 0),
-                    _int_field(row, "duration", where, 1),
-                ))
+                rows.append(
+                    (
+                        _int_field(row, "job_id", where, 0),
+                        _int_field(row, "num_gpu", where, 1),
+                        _int_field(row, "submit_time", where, 0),
+                        _int_field(row, "duration", where, 1),
+                    )
+                )
     except UnicodeDecodeError as exc:
         raise TraceFormatError(f"{path}: not a text CSV file ({exc.reason})") from None
     if not rows:
@@ -96,9 +98,7 @@ def read_job_csv(path: str | Path, *, split_on_gpu_change: bool = False) -> Work
     return Workload(name=path.name, sessions=tuple(sessions_from_rows(rows, split_on_gpu_change)))
 
 
-def sessions_from_rows(
-    rows: list[tuple[int, int, int, int]], split_on_gpu_change: bool = False
-) -> list[Session]:
+def sessions_from_rows(rows: list[tuple[int, int, int, int]], split_on_gpu_change: bool = False) -> list[Session]:
     """Group (job_id, num_gpu, submit_min, duration_min) rows, already in job_id order, into sessions."""
     sessions: list[Session] = []
     current: list[Task] = []
@@ -151,20 +151,27 @@ def read_template_json(path: str | Path) -> Workload:
             gpus = int(_number(training, "gpus", t_where))
             if duration <= 0 or gpus < 0:
                 raise TraceFormatError(f"{t_where}: duration must be > 0 and gpus >= 0")
-            tasks.append(Task(
-                submit_s=_number(training, "start_tick", t_where) * TICK_S,
-                duration_s=duration * TICK_S,
-                gpus=max(gpus, 1),
-            ))
+            tasks.append(
+                Task(
+                    submit_s=_number(training, "start_tick", t_where) * TICK_S,
+                    duration_s=duration * TICK_S,
+                    gpus=max(gpus, 1),
+                )
+            )
         if not tasks:
             continue  # a session that never trains needs no GPU under any policy
         tasks.sort(key=lambda t: t.submit_s)
         start = min(_number(raw, "start_tick", where) * TICK_S, tasks[0].submit_s)
         end = max(_number(raw, "stop_tick", where) * TICK_S, max(t.end_s for t in tasks))
-        sessions.append(Session(
-            session_id=str(raw.get("id", f"s{index}")), tasks=tuple(tasks),
-            start_s=start, end_s=end, life_known=True,
-        ))
+        sessions.append(
+            Session(
+                session_id=str(raw.get("id", f"s{index}")),
+                tasks=tuple(tasks),
+                start_s=start,
+                end_s=end,
+                life_known=True,
+            )
+        )
     if not sessions:
         raise TraceFormatError(f"{path}: no session has a training event")
     return Workload(name=path.name, sessions=tuple(sessions))

@@ -29,8 +29,9 @@ class WasteWindow:
         return self.reserved_gpu_hours - self.busy_gpu_hours
 
 
-def _per_step_gpu_seconds(workload: Workload, origin: float, steps: int, step_s: float) -> tuple[
-        np.ndarray, np.ndarray]:
+def _per_step_gpu_seconds(
+    workload: Workload, origin: float, steps: int, step_s: float
+) -> tuple[np.ndarray, np.ndarray]:
     """GPU-seconds reserved and busy in each step of `step_s`, exactly (intervals are cut at the edges)."""
 
     def accumulate(starts: np.ndarray, ends: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -50,12 +51,14 @@ def _per_step_gpu_seconds(workload: Workload, origin: float, steps: int, step_s:
 
     sessions = workload.sessions
     reserved = accumulate(
-        np.array([s.start_s for s in sessions]), np.array([s.end_s for s in sessions]),
+        np.array([s.start_s for s in sessions]),
+        np.array([s.end_s for s in sessions]),
         np.array([float(s.gpus) for s in sessions]),
     )
     tasks = [t for s in sessions for t in s.tasks]
     busy = accumulate(
-        np.array([t.submit_s for t in tasks]), np.array([t.end_s for t in tasks]),
+        np.array([t.submit_s for t in tasks]),
+        np.array([t.end_s for t in tasks]),
         np.array([float(t.gpus) for t in tasks]),
     )
     return reserved, busy

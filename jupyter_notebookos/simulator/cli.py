@@ -1,0 +1,353 @@
+"""`notebookos simulate`: replay a trace (or a synthetic workload) against the scheduler's policies.
+
+`add_arguments` fills a parser (the `notebookos` console script wires it as the `simulate` subcommand) and
+`run` executes it; `python -m jupyter_notebookos.simulator` runs it standalone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from traitlets import TraitError
+
+from jupyter_notebookos.simulator.costs import CostModel
+from jupyter_notebookos.simulator.culling import apply_idle_culling
+from jupyter_notebookos.simulator.metrics import PolicyMetrics, saved_vs_reservation
+from jupyter_notebookos.simulator.report import result_document, write_json, write_table
+from jupyter_notebookos.simulator.simulation import Simulation, SimulationConfig
+from jupyter_notebookos.simulator.synthetic import generate
+from jupyter_notebookos.simulator.trace import TraceFormatError, read_workload
+from jupyter_notebookos.simulator.windows import most_wasteful_window
+from jupyter_notebookos.simulator.workload import Workload, clip_to_window
+
+POLICY_NAMES = ("notebookos", "reservation", "batch")
+MAX_WASTE = "max-waste"
+
+# CLI option -> Scheduler traitlet, for the knobs passed straight through.
+SCHEDULER_KNOBS = {
+    "scaling_factor": "scaling_factor",
+    "min_hosts": "min_hosts",
+    "idle_host_buffer": "idle_host_buffer",
+    "scale_in_delay_s": "scale_in_delay_s",
+    "max_scale_in_per_round": "max_scale_in_per_round",
+    "subscription_ratio_cap": "subscription_ratio_cap",
+    "replicas_per_kernel": "replicas_per_kernel",
+    "max_concurrent_migrations": "max_concurrent_migrations",
+}
+
+
+class UsageError(ValueError):
+    """A bad option value; the message says which and what is allowed."""
+
+
+def _policies(text: str) -> list[str]:
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICY_NAMES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {', '.join(unknown) or '(none)'}; choose from {','.join(POLICY_NAMES)}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def _start_hour(text: str) -> float | str:
+    if text == MAX_WASTE:
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected hours (a number) or {MAX_WASTE!r}, got {text!r}") from None
+    if value < 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of `notebookos simulate` to `parser`."""
+    source = parser.add_argument_group("workload")
+    which = source.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="job-list CSV (sensei_june_60sec.csv, tiresias.csv) or per-session JSON template",
+    )
+    which.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="a synthetic workload calibrated to the June trace's statistics",
+    )
+    source.add_argument(
+        "--sessions",
+        type=int,
+        default=None,
+        help="synthetic: sessions (default: the trace's task rate over --hours)",
+    )
+    source.add_argument("--hours", type=float, default=24.0, help="synthetic: arrival period in hours (24)")
+    source.add_argument("--seed", type=int, default=0, help="synthetic: random seed (0)")
+    source.add_argument(
+        "--split-on-gpu-change",
+        action="store_true",
+        help="CSV: also start a new session where num_gpu changes (the trace README's reading)",
+    )
+    source.add_argument(
+        "--idle-timeout-min",
+        type=float,
+        default=30.0,
+        help="idle-culling timeout: kernel life after the last task (and before the first) (30)",
+    )
+    source.add_argument(
+        "--lead-min",
+        type=float,
+        default=None,
+        help="kernel life before a session's first task (default: the idle-culling timeout)",
+    )
+    source.add_argument(
+        "--cull-gaps",
+        action="store_true",
+        help="also end a session at any idle gap longer than the idle-culling timeout",
+    )
+
+    window = parser.add_argument_group("window")
+    window.add_argument(
+        "--window-hours",
+        type=float,
+        default=None,
+        help="measure only this many hours (default: the whole workload)",
+    )
+    window.add_argument(
+        "--start-hour",
+        type=_start_hour,
+        default=0.0,
+        help=f"window start, hours from the trace start, or {MAX_WASTE!r}: the window with the "
+        "most reservation waste (0)",
+    )
+    window.add_argument(
+        "--warmup-hours",
+        type=float,
+        default=24.0,
+        help="simulate this long before the window so the cluster is in its steady state (24)",
+    )
+
+    policy = parser.add_argument_group("policies and cluster")
+    policy.add_argument(
+        "--policies",
+        type=_policies,
+        default=list(POLICY_NAMES),
+        help="comma-separated: notebookos,reservation,batch (all three)",
+    )
+    defaults = CostModel()
+    policy.add_argument("--gpus-per-host", type=int, default=defaults.gpus_per_host, help="GPUs per host (8)")
+    policy.add_argument(
+        "--container-start-s",
+        type=float,
+        default=defaults.container_start_s,
+        help=f"start a replica container ({defaults.container_start_s:g})",
+    )
+    policy.add_argument(
+        "--restore-s",
+        type=float,
+        default=defaults.restore_s,
+        help=f"restore kernel state from the object store; Batch pays it per cell ({defaults.restore_s:g})",
+    )
+    policy.add_argument(
+        "--migration-s",
+        type=float,
+        default=defaults.migration_s,
+        help=f"migration time beyond container start and restore ({defaults.migration_s:g})",
+    )
+    policy.add_argument(
+        "--host-provision-s",
+        type=float,
+        default=defaults.host_provision_s,
+        help=f"from requesting a host to it taking replicas ({defaults.host_provision_s:g})",
+    )
+    policy.add_argument(
+        "--cell-commit-s",
+        type=float,
+        default=defaults.cell_commit_s,
+        help=f"NotebookOS per-cell executor election ({defaults.cell_commit_s:g})",
+    )
+
+    scaling = parser.add_argument_group("autoscaling (Scheduler traitlets; defaults are the scheduler's)")
+    scaling.add_argument("--scaling-factor", type=float, help="target hosts = committed GPUs x this / G + buffer")
+    scaling.add_argument("--idle-host-buffer", type=int, help="hosts' worth of idle GPUs kept spare")
+    scaling.add_argument("--min-hosts", type=int, help="never fewer hosts")
+    scaling.add_argument("--scale-in-delay-s", type=float, help="seconds over target before scaling in")
+    scaling.add_argument("--max-scale-in-per-round", type=int, help="hosts drained per autoscaling round")
+    scaling.add_argument("--subscription-ratio-cap", type=float, help="NotebookOS oversubscription cap")
+    scaling.add_argument("--replicas-per-kernel", type=int, help="NotebookOS replicas per kernel")
+    scaling.add_argument("--max-concurrent-migrations", type=int, help="cell-triggered migrations in flight")
+    scaling.add_argument(
+        "--autoscale-interval-s", type=float, default=60.0, help="seconds between autoscaling rounds (60)"
+    )
+    scaling.add_argument(
+        "--no-scale-out-on-wait",
+        action="store_true",
+        help="do not ask for a host when a queued cell is blocked and scaling out would help",
+    )
+    scaling.add_argument(
+        "--initial-hosts",
+        type=int,
+        default=None,
+        help="hosts up at the start (default: the scheduler's minimum)",
+    )
+
+    output = parser.add_argument_group("output")
+    output.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    output.add_argument(
+        "--plot",
+        metavar="DIR",
+        default=None,
+        help="write PNGs: provisioned vs busy GPUs over time, delay CDF",
+    )
+    output.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _check(args: argparse.Namespace) -> None:
+    checks = [
+        (args.sessions is None or args.sessions >= 1, "--sessions must be >= 1"),
+        (args.hours > 0, "--hours must be > 0"),
+        (args.idle_timeout_min >= 0, "--idle-timeout-min must be >= 0"),
+        (args.lead_min is None or args.lead_min >= 0, "--lead-min must be >= 0"),
+        (args.window_hours is None or args.window_hours > 0, "--window-hours must be > 0"),
+        (args.warmup_hours >= 0, "--warmup-hours must be >= 0"),
+        (args.gpus_per_host >= 1, "--gpus-per-host must be >= 1"),
+        (args.autoscale_interval_s > 0, "--autoscale-interval-s must be > 0"),
+        (
+            not (args.start_hour == MAX_WASTE and args.window_hours is None),
+            f"--start-hour {MAX_WASTE} needs --window-hours",
+        ),
+    ]
+    for value in ("container_start_s", "restore_s", "migration_s", "host_provision_s", "cell_commit_s"):
+        checks.append((getattr(args, value) >= 0, f"--{value.replace('_', '-')} must be >= 0"))
+    for knob in (
+        "min_hosts",
+        "idle_host_buffer",
+        "max_scale_in_per_round",
+        "max_concurrent_migrations",
+        "initial_hosts",
+    ):
+        v = getattr(args, knob)
+        checks.append((v is None or v >= 0, f"--{knob.replace('_', '-')} must be >= 0"))
+    for knob in ("scaling_factor", "subscription_ratio_cap", "replicas_per_kernel"):
+        v = getattr(args, knob)
+        checks.append((v is None or v > 0, f"--{knob.replace('_', '-')} must be > 0"))
+    for ok, message in checks:
+        if not ok:
+            raise UsageError(message)
+
+
+def load_workload(args: argparse.Namespace) -> Workload:
+    """The workload the options name, with the idle-culling model applied."""
+    if args.synthetic:
+        workload = generate(sessions=args.sessions, hours=args.hours, seed=args.seed)
+    else:
+        workload = read_workload(args.trace, split_on_gpu_change=args.split_on_gpu_change)
+    lead = None if args.lead_min is None else args.lead_min * 60.0
+    return apply_idle_culling(workload, args.idle_timeout_min * 60.0, lead, args.cull_gaps)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `notebookos simulate`; returns the exit status (2: bad input, with a one-line message)."""
+    err = Console(stderr=True)
+    try:
+        return _run(args, err)
+    except (UsageError, TraceFormatError, TraitError, ValueError, OSError) as error:
+        err.print(f"notebookos simulate: error: {error}", markup=False, highlight=False, soft_wrap=True)
+        return 2
+
+
+def _run(args: argparse.Namespace, err: Console) -> int:
+    _check(args)
+    costs = CostModel(
+        gpus_per_host=args.gpus_per_host,
+        container_start_s=args.container_start_s,
+        restore_s=args.restore_s,
+        migration_s=args.migration_s,
+        host_provision_s=args.host_provision_s,
+        cell_commit_s=args.cell_commit_s,
+    )
+    options: dict[str, Any] = {
+        trait: getattr(args, opt) for opt, trait in SCHEDULER_KNOBS.items() if getattr(args, opt) is not None
+    }
+    workload = load_workload(args)
+    if not workload.sessions:
+        raise UsageError("the workload has no sessions")
+    origin = 0.0  # hours are counted from the trace's time 0
+    span_start, span_end = workload.span_s
+    if args.window_hours is None:
+        start_s, end_s = -math.inf, math.inf
+        start_hour = max(0.0, span_start) / 3600.0
+        hours = (span_end - max(0.0, span_start)) / 3600.0
+        simulated = workload
+    else:
+        if args.start_hour == MAX_WASTE:
+            start_s = most_wasteful_window(workload, args.window_hours).start_s
+        else:
+            start_s = origin + float(args.start_hour) * 3600.0
+        end_s = start_s + args.window_hours * 3600.0
+        if start_s >= span_end:
+            raise UsageError(f"--start-hour is past the end of the workload ({span_end / 3600.0:.1f} h)")
+        start_hour, hours = start_s / 3600.0, args.window_hours
+        simulated = clip_to_window(workload, start_s, end_s, args.warmup_hours * 3600.0)
+    sessions_in_window = sum(1 for s in simulated.sessions if s.end_s > start_s and s.start_s < end_s)
+    tasks_in_window = sum(1 for s in simulated.sessions for t in s.tasks if start_s <= t.submit_s < end_s)
+
+    runs: dict[str, PolicyMetrics] = {}
+    show = not args.no_progress and err.is_terminal
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=err,
+        disable=not show,
+        transient=True,
+    ) as bar:
+        lo, hi = simulated.span_s
+        if math.isfinite(end_s):
+            hi = min(hi, end_s)
+        for policy in args.policies:
+            task = bar.add_task(f"simulating {policy}", total=max(1.0, hi - lo))
+
+            def progress(now: float, task: Any = task) -> None:
+                bar.update(task, completed=min(max(0.0, now - lo), hi - lo))
+
+            config = SimulationConfig(
+                policy=policy,
+                costs=costs,
+                scheduler_options=options,
+                autoscale_interval_s=args.autoscale_interval_s,
+                initial_hosts=args.initial_hosts,
+                scale_out_on_wait=not args.no_scale_out_on_wait,
+                measure_start_s=start_s,
+                measure_end_s=end_s,
+            )
+            runs[policy] = Simulation(simulated, config, progress).run()
+    summaries = {name: m.summary() for name, m in runs.items()}
+    document = result_document(
+        start_hour, hours, sessions_in_window, tasks_in_window, summaries, saved_vs_reservation(summaries)
+    )
+    title = f"{workload.name}, hour {start_hour:g} + {hours:.1f} h, idle-culling {args.idle_timeout_min:g} min"
+    if args.plot:
+        from jupyter_notebookos.simulator.plots import write_plots
+
+        for path in write_plots(runs, args.plot, title):
+            err.print(f"wrote {path}", highlight=False)
+    if args.json:
+        write_json(document, sys.stdout)
+    else:
+        write_table(document, Console(), title=title)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point (`python -m jupyter_notebookos.simulator`)."""
+    parser = argparse.ArgumentParser(prog="notebookos simulate", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
