@@ -1,0 +1,164 @@
+"""Records, the object store, checkpoints and garbage collection, as a replica kernel would use them."""
+
+from __future__ import annotations
+
+import nsprobe
+import numpy as np
+import pytest
+
+from jupyter_notebookos.replication.checkpoint import collect_garbage, make_checkpoint
+from jupyter_notebookos.replication.objectstore import (
+    BufferCorruptError,
+    BufferMissingError,
+    ObjectStore,
+    ObjectStoreUnreachable,
+)
+from jupyter_notebookos.replication.serialization import (
+    RecordFormatError,
+    StateRecord,
+    UnreplicatedValue,
+    UnreplicatedValueError,
+    apply_record,
+)
+
+
+def test_unpicklable_values_give_one_warning_naming_them_and_the_rest_replicates(executor, replica):
+    executor.run("import threading\nlock = threading.Lock()\ngen = (i for i in range(3))\nok = [1, 2]")
+    record = executor.encoded[-1]
+    assert set(record.unserializable) == {"lock", "gen"}
+    warning = record.warning()
+    assert warning is not None and "lock" in warning and "gen" in warning and "ok" not in warning.split(":")[1]
+    assert "failover" in warning
+    replica.apply(executor.records[-1])
+    assert replica.eval("ok") == [1, 2]
+    assert "not replicated" in replica.eval("repr(lock)")
+    with pytest.raises(AssertionError, match=r"UnreplicatedValueError.*'lock' was not replicated"):
+        replica.eval("lock.acquire()")
+    # Unchanged, the unpicklable names do not warn again.
+    executor.run("other = 3")
+    assert executor.encoded[-1].warning() is None
+
+
+def test_small_values_are_inline_and_the_record_is_compact(executor):
+    executor.run("x = 1")
+    assert len(executor.records[-1]) < 64
+    executor.run("arr = __import__('numpy').arange(1000)")  # 8 kB: below the threshold, inline
+    assert executor.encoded[-1].buffers == ()
+
+
+def test_threshold_is_configurable(shell, store):
+    from conftest import Executor
+
+    ex = Executor(shell, store, threshold=1024)
+    ex.run("import numpy as np\narr = np.arange(1000)")
+    assert [ref.size for ref in ex.encoded[-1].buffers] == [8000]
+    assert store.exists(ex.encoded[-1].buffers[0].key)
+
+
+def test_a_failed_apply_leaves_the_namespace_untouched(executor, store):
+    executor.run("import numpy as np\nbig = np.ones(2 ** 18)\nsmall = 1")
+    record = executor.encoded[-1]
+    store.delete(record.buffers[0].key)
+    target = {"small": "old"}
+    with pytest.raises(BufferMissingError, match="missing from the object store"):
+        apply_record(executor.records[-1], target, store)
+    assert target == {"small": "old"}
+
+
+def test_deleted_names_are_applied(executor):
+    executor.run("a = 1\nb = 2")
+    executor.run("del a")
+    target: dict = {}
+    for data in executor.records:
+        apply_record(data, target, executor.store)
+    assert set(target) == {"b"}
+
+
+def test_not_a_record_is_a_clear_error():
+    with pytest.raises(RecordFormatError, match="not a NotebookOS state record"):
+        StateRecord.from_bytes(b"{}")
+
+
+def test_unreplicated_placeholder_explains_itself():
+    value = UnreplicatedValue("lock", "TypeError: cannot pickle '_thread.lock' object")
+    with pytest.raises(UnreplicatedValueError, match="Re-run the cell"):
+        value.acquire()
+    assert not hasattr(value, "anything")
+
+
+# -- object store ------------------------------------------------------------------------------------------
+
+
+def test_buffers_are_content_addressed_atomic_and_verified(store):
+    data = np.arange(300_000, dtype=np.float64)
+    ref = store.put_buffer(memoryview(data))
+    assert store.put_buffer(memoryview(data.copy())) == ref  # same content, same key, stored once
+    assert list(store.buffer_keys()) == [ref.key]
+    assert not [p for p in store.fs.find(store.root) if ".tmp-" in p]
+    assert bytes(store.get_buffer(ref)) == data.tobytes()
+    with store.fs.open(f"{store.root}/{ref.key}", "wb") as f:
+        f.write(b"x" * ref.size)
+    with pytest.raises(BufferCorruptError, match="does not match its digest"):
+        store.get_buffer(ref)
+
+
+def test_unreachable_store_says_so(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ObjectStoreUnreachable, match="unreachable"):
+        ObjectStore((blocker / "objects").as_uri())
+    with pytest.raises(ObjectStoreUnreachable, match="cannot open the object store"):
+        ObjectStore("nosuchprotocol://x")
+
+
+def test_memory_store_works_too():
+    store = ObjectStore("memory://notebookos-test-store")
+    ref = store.put_buffer(b"abc" * 1000)
+    assert bytes(store.get_buffer(ref)) == b"abc" * 1000
+
+
+# -- checkpoints, restore, garbage collection --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_checkpoint_plus_later_records_restores_the_executor_namespace(executor, replica, store):
+    executor.run(
+        "import numpy as np\nclass Acc:\n    def __init__(self):\n        self.items = []\n"
+        "    def add(self, v):\n        self.items.append(v)\n        return len(self.items)\n"
+        "acc = Acc()\nalias = acc.items\nbig = np.arange(2 ** 18, dtype=np.float64)"
+    )
+    executor.run("acc.add(1)")
+    checkpoint = make_checkpoint(executor.ns, store, hidden=executor.shell.user_ns_hidden)
+    assert checkpoint.kind == "checkpoint" and checkpoint.buffers and not checkpoint.unserializable
+    store.put_checkpoint(2, checkpoint.to_bytes())
+    start = len(executor.records)
+    executor.run("acc.add(2)\nbig[0] = 99.0")
+    executor.run("later = Acc()\nlater.add(acc)")
+    executor.run("del alias")
+
+    seq, data = store.latest_checkpoint()
+    assert seq == 2
+    replica.call("restore", (data, executor.records[start:]))
+    assert replica.describe() == nsprobe.describe(executor.ns, executor.shell.user_ns_hidden)
+    assert replica.eval("isinstance(later, Acc) and later.items[0] is acc and acc.add(3)") == 3
+
+
+def test_garbage_collection_removes_only_unreferenced_buffers(executor, store):
+    executor.run("import numpy as np\nold = np.ones(2 ** 18)")
+    old_key = executor.encoded[-1].object_keys[0]
+    executor.run("old = None\nkept = np.zeros(2 ** 18)")
+    checkpoint = make_checkpoint(executor.ns, store)
+    store.put_checkpoint(1, checkpoint.to_bytes())
+    store.put_checkpoint(0, checkpoint.to_bytes())  # an older checkpoint, superseded
+    executor.run("newer = np.full(2 ** 18, 7.0)")
+    newer_key = executor.encoded[-1].object_keys[0]
+
+    young = collect_garbage(store, executor.records[-1:], grace_seconds=3600)
+    assert young.deleted_buffers == () and old_key in young.kept_too_young
+    assert young.deleted_checkpoints == (0,)
+
+    report = collect_garbage(store, executor.records[-1:], grace_seconds=0)
+    assert report.deleted_buffers == (old_key,)
+    assert set(store.buffer_keys()) == {*checkpoint.object_keys, newer_key}
+    assert store.checkpoint_seqs() == [1]
+    assert "deleted 1 buffer(s)" in str(report)
