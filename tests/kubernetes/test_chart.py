@@ -1,0 +1,174 @@
+"""The helm chart, offline: lints in strict mode, renders, and every object validates for Kubernetes 1.30."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+from fakekube import KUBE_VERSION, validate_strict
+
+from jupyter_notebookos.launchers.base import ReplicaSpec
+from jupyter_notebookos.launchers.kubernetes.launcher import KubernetesLauncher
+from jupyter_notebookos.launchers.kubernetes.placeholders import PlaceholderPool
+
+CHART = Path(__file__).resolve().parents[2] / "helm" / "notebookos"
+GPU_VALUES = yaml.safe_load((CHART / "values-gpu-cluster.yaml").read_text())
+EXTERNAL_PLAIN = {"etcd": {"enabled": False, "external": {"endpoints": ["etcd.infra:2379"]}}}
+SEPARATE_NAMESPACES = {
+    "kernelNamespace": "notebookos-kernels",
+    "kernel": {"allowedNamespaces": ["team-a"]},
+    "objectStore": {"type": "s3", "s3": {"url": "s3://bucket/x", "credentialsSecret": "s3"}},
+    "etcd": {"antiAffinity": "preferred"},
+    "placeholders": {"enabled": False},
+}
+VALUE_SETS = {
+    "default": None,
+    "gpu-cluster": GPU_VALUES,
+    "external-etcd": EXTERNAL_PLAIN,
+    "separate-namespaces": SEPARATE_NAMESPACES,
+}
+
+
+def render(values: dict[str, Any] | None) -> list[dict[str, Any]]:
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render(values=values, name="nbos", namespace="notebookos", is_install=True)
+    docs = []
+    for path, text in manifests.items():
+        if path.endswith("NOTES.txt"):
+            continue
+        docs.extend(d for d in yaml.safe_load_all(text) if d)
+    return docs
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def gateway_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (config_map,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("gateway-config")]
+    return json.loads(config_map["data"]["notebookos_gateway_config.json"])
+
+
+@pytest.mark.parametrize("values", [None, GPU_VALUES], ids=["default", "gpu-cluster"])
+def test_chart_lints_clean_in_strict_mode(values: dict[str, Any] | None) -> None:
+    report = helm.lint(CHART, values, strict=True, kube_version=f"v{KUBE_VERSION}.0", namespace="notebookos")
+    problems = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
+    assert problems == [], problems
+    assert report["total_charts_linted"] == 1
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_every_rendered_object_validates_for_kubernetes_1_30(values: dict[str, Any] | None) -> None:
+    docs = render(values)
+    assert len(docs) >= 8
+    for doc in docs:
+        validate_strict(doc)
+
+
+def test_default_install_runs_a_three_member_etcd_that_survives_a_drain() -> None:
+    docs = render(None)
+    (statefulset,) = by_kind(docs, "StatefulSet")
+    assert statefulset["spec"]["replicas"] == 3
+    assert statefulset["spec"]["volumeClaimTemplates"][0]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    anti = statefulset["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert anti["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"] == "kubernetes.io/hostname"
+    command = statefulset["spec"]["template"]["spec"]["containers"][0]["command"]
+    cluster_flag = next(c for c in command if c.startswith("--initial-cluster="))
+    assert cluster_flag.count("=http://") == 3
+    (pdb,) = by_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == statefulset["spec"]["selector"]["matchLabels"]
+    endpoints = gateway_config(docs)["KubernetesLauncher"]["etcd_endpoints"].split(",")
+    assert endpoints == [f"nbos-notebookos-etcd-{i}.nbos-notebookos-etcd-peer.notebookos.svc:2379" for i in range(3)]
+
+
+def test_rbac_is_least_privilege() -> None:
+    docs = render(SEPARATE_NAMESPACES)
+    roles = by_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["notebookos-kernels", "team-a"]
+    for role in roles:
+        rules = {tuple(r["resources"]): sorted(r["verbs"]) for r in role["rules"]}
+        assert rules == {
+            ("pods",): ["create", "delete", "get", "list", "watch"],
+            ("events",): ["get", "list", "watch"],
+        }
+    (cluster_role,) = by_kind(docs, "ClusterRole")
+    for rule in cluster_role["rules"]:
+        assert sorted(rule["verbs"]) == ["get", "list", "watch"]
+        assert rule["resources"] in (["nodes"], ["priorityclasses"])
+    for doc in roles + [cluster_role]:
+        assert "*" not in json.dumps(doc["rules"])
+    bindings = by_kind(docs, "RoleBinding") + by_kind(docs, "ClusterRoleBinding")
+    assert {b["subjects"][0]["name"] for b in bindings} == {"nbos-notebookos-gateway"}
+
+
+def test_scheduler_values_reach_the_scheduler_traitlets() -> None:
+    from jupyter_notebookos.scheduler.engine import Scheduler
+
+    config = gateway_config(render(GPU_VALUES))
+    traits = set(Scheduler.class_trait_names(config=True))
+    assert set(config["Scheduler"]) <= traits, set(config["Scheduler"]) - traits
+    assert config["Scheduler"]["subscription_ratio_cap"] == 4.0
+    Scheduler(**config["Scheduler"])  # every value has the trait's type
+    launcher = KubernetesLauncher(**config["KubernetesLauncher"], core_api=object())
+    PlaceholderPool(**config["PlaceholderPool"])
+    # The launcher configured by the chart builds valid replica pods in the chart's namespace.
+    pod = launcher.build_pod(ReplicaSpec("k-1", "r0", "gpu-a", "python3-notebookos"), suffix="abc123")
+    validate_strict(pod)
+    assert pod["metadata"]["namespace"] == "notebookos"
+    assert pod["spec"]["runtimeClassName"] == "nvidia"
+    assert {"name": "notebookos-etcd-tls", "secret": {"secretName": "notebookos-etcd-client-tls"}} in pod["spec"][
+        "volumes"
+    ]
+    assert pod["spec"]["containers"][0]["envFrom"] == [{"secretRef": {"name": "notebookos-s3-credentials"}}]
+
+
+def test_kernelspec_config_map_is_the_notebookos_kernelspec() -> None:
+    docs = render(None)
+    (config_map,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("kernelspec")]
+    spec = json.loads(config_map["data"]["kernel.json"])
+    assert spec["display_name"] == "Python 3 (NotebookOS)"
+    assert spec["metadata"]["process_proxy"]["class_name"].endswith("NotebookOSProcessProxy")
+    assert spec["env"]["KERNEL_GPUS"] == "1"
+    (deployment,) = by_kind(docs, "Deployment")
+    mounts = deployment["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    assert {
+        "name": "kernelspec",
+        "mountPath": "/etc/notebookos/share/kernels/python3-notebookos",
+        "readOnly": True,
+    } in mounts
+
+
+def test_object_store_is_an_rwx_claim_or_s3_with_a_secret() -> None:
+    (claim,) = by_kind(render(None), "PersistentVolumeClaim")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    docs = render(GPU_VALUES)
+    assert by_kind(docs, "PersistentVolumeClaim") == [] and by_kind(docs, "StatefulSet") == []
+    container = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert container["envFrom"] == [{"secretRef": {"name": "notebookos-s3-credentials"}}]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NOTEBOOKOS_OBJECT_STORE_URL"] == "s3://notebookos-state/prod"
+    assert env["NOTEBOOKOS_ETCD_CA_CERT"] == "/etc/notebookos/etcd-tls/ca.crt"
+
+
+def test_placeholder_priority_class_triggers_scale_up() -> None:
+    (priority_class,) = by_kind(render(None), "PriorityClass")
+    assert priority_class["value"] == -10 and priority_class["preemptionPolicy"] == "Never"
+    assert by_kind(render(SEPARATE_NAMESPACES), "PriorityClass") == []
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"etcd": {"enabled": False}}, "etcd.external.endpoints is required"),
+        ({"objectStore": {"type": "s3"}}, "objectStore.s3.url is required"),
+        ({"kernelNamespace": "elsewhere"}, "objectStore.type=pvc needs kernelNamespace"),
+    ],
+)
+def test_inconsistent_values_fail_with_a_message(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmError, match=message):
+        render(values)
