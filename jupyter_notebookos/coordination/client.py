@@ -44,6 +44,11 @@ log = logging.getLogger(__name__)
 #: Seconds a call may take, retries included, unless the caller says otherwise.
 DEFAULT_TIMEOUT = 3.0
 
+#: Seconds one attempt of a retryable call may take. A request that reached a follower just as the
+#: leader died waits in vain (the follower forwarded it to the dead leader); giving up on that attempt
+#: after a second and retrying lets the call succeed on the new leader within the overall deadline.
+DEFAULT_ATTEMPT_TIMEOUT = 1.0
+
 #: etcd refuses requests at once on a member without a leader when this metadata is present
 #: (rpctypes.MetadataRequireLeaderKey); without it requests queue until etcd's own 7 s timeout.
 REQUIRE_LEADER: tuple[tuple[str, str], ...] = (("hasleader", "true"),)
@@ -137,11 +142,13 @@ class Coordinator:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         prefix: str = DEFAULT_PREFIX,
+        attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint is needed")
         self.endpoints = list(endpoints)
         self.timeout = timeout
+        self.attempt_timeout = attempt_timeout
         self.keys = KeyLayout(prefix)
         self._channel = grpc.aio.insecure_channel(_grpc_target(self.endpoints), options=_CHANNEL_OPTIONS)
         self._kv = _proto.KVStub(self._channel)
@@ -159,13 +166,17 @@ class Coordinator:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         prefix: str = DEFAULT_PREFIX,
+        attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
     ) -> Coordinator:
         """Connect to etcd at ``endpoints`` (``"host:port"``; any member will do).
+
+        ``timeout`` bounds every call (retries included) unless the call passes its own;
+        ``attempt_timeout`` bounds one attempt of a call that may be retried (not transactions).
 
         Raises:
             EtcdUnavailable: no endpoint answered within ``timeout`` seconds.
         """
-        coordinator = cls(endpoints, timeout=timeout, prefix=prefix)
+        coordinator = cls(endpoints, timeout=timeout, prefix=prefix, attempt_timeout=attempt_timeout)
         try:
             # Status is answered by any live member, leader or not: connecting needs no quorum.
             await coordinator._unary(
@@ -225,8 +236,9 @@ class Coordinator:
         backoff = 0.05
         while True:
             remaining = deadline - loop.time()
+            attempt = min(remaining, self.attempt_timeout) if idempotent else remaining
             try:
-                return await method(request, timeout=max(remaining, 0.001), metadata=REQUIRE_LEADER)
+                return await method(request, timeout=max(attempt, 0.001), metadata=REQUIRE_LEADER)
             except grpc.aio.AioRpcError as exc:
                 error = self._error(exc, operation)
                 remaining = deadline - loop.time()
