@@ -76,6 +76,18 @@ def run(hosts: int, steps: int, seed: int) -> dict[str, object]:
         if isinstance(d, MigrateThenRun):
             in_flight.append((step + 5, d.migration.migration_id))
 
+    # Warm up (unmeasured): commit cells until the target utilisation is reached.
+    while s.model.busy < target_busy:
+        k = idle_kernels[rng.randrange(len(idle_kernels))]
+        if k not in running:
+            cell_no += 1
+            d = s.request_cell(k, f"c{cell_no}", now)
+            if isinstance(d, (RunCell, MigrateThenRun)):
+                started(d, -10)
+    for _, mid in in_flight:
+        s.migration_finished(mid, now)
+    in_flight.clear()
+
     wall0 = clock()
     for step in range(steps):
         now += 0.01
