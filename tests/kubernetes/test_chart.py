@@ -100,7 +100,7 @@ def test_rbac_is_least_privilege() -> None:
     for rule in cluster_role["rules"]:
         assert sorted(rule["verbs"]) == ["get", "list", "watch"]
         assert rule["resources"] in (["nodes"], ["priorityclasses"])
-    for doc in roles + [cluster_role]:
+    for doc in [*roles, cluster_role]:
         assert "*" not in json.dumps(doc["rules"])
     bindings = by_kind(docs, "RoleBinding") + by_kind(docs, "ClusterRoleBinding")
     assert {b["subjects"][0]["name"] for b in bindings} == {"nbos-notebookos-gateway"}
