@@ -342,7 +342,8 @@ def _run(args: argparse.Namespace, err: Console) -> int:
     if args.json:
         write_json(document, sys.stdout)
     else:
-        write_table(document, Console(), title=title)
+        out = Console()
+        write_table(document, out if out.is_terminal else Console(width=160), title=title)
     return 0
 
 

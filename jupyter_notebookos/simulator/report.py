@@ -43,30 +43,37 @@ def write_table(document: dict[str, Any], console: Console, title: str = "") -> 
         f"{window['tasks']} tasks; delay = submission to start of execution"
     )
     table = Table(title=title or "notebookos simulate", caption=caption)
-    for column in (
+    headers = (
         "policy",
         "provisioned GPU-h",
         "busy GPU-h",
         "util.",
-        "saved vs resv. GPU-h",
-        "delay p50 / p95 / p99 / max (s)",
-        "≤1 s",
+        "saved vs resv.",
+        "delay p50 s",
+        "p95 s",
+        "p99 s",
+        "max s",
+        "<= 1 s",
         "migrations",
-        "scale out / in",
-    ):
+        "scale out/in",
+    )
+    for column in headers:
         table.add_column(column, justify="left" if column == "policy" else "right")
     saved = document["saved_gpu_hours_vs_reservation"]
     for name, p in document["policies"].items():
         d = p["delay_s"]
         table.add_row(
             name,
-            f"{p['provisioned_gpu_hours']:,.1f}",
-            f"{p['busy_gpu_hours']:,.1f}",
+            f"{p['provisioned_gpu_hours']:,.0f}",
+            f"{p['busy_gpu_hours']:,.0f}",
             f"{100 * p['utilization']:.1f} %",
-            f"{saved[name]:,.1f}" if name in saved else "-",
-            f"{d['p50']:.2f} / {d['p95']:.2f} / {d['p99']:.2f} / {d['max']:.1f}",
+            f"{saved[name]:,.0f}" if name in saved else "-",
+            f"{d['p50']:.2f}",
+            f"{d['p95']:.2f}",
+            f"{d['p99']:.1f}",
+            f"{d['max']:.0f}",
             f"{100 * p['immediate_fraction']:.1f} %",
             str(p["migrations"]),
-            f"{p['scale_outs']} / {p['scale_ins']}",
+            f"{p['scale_outs']}/{p['scale_ins']}",
         )
     console.print(table)

@@ -34,8 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_notebookos.scheduler.cluster import HostSpec
-from jupyter_notebookos.scheduler.decisions import (
+from jupyter_notebookos.scheduler import (
+    HostSpec,
     MigrateThenRun,
     MigrationCompleted,
     MigrationPlan,
@@ -44,9 +44,9 @@ from jupyter_notebookos.scheduler.decisions import (
     RejectCell,
     RunCell,
     ScalingDecision,
+    Scheduler,
     WaitInQueue,
 )
-from jupyter_notebookos.scheduler.engine import Scheduler
 from jupyter_notebookos.simulator.costs import CostModel
 from jupyter_notebookos.simulator.metrics import PolicyMetrics
 from jupyter_notebookos.simulator.workload import Workload
@@ -250,6 +250,7 @@ class Simulation:
         self._count(decision)
         if isinstance(decision, Placement):
             state.placed = True
+            self.metrics.committed_gpus.set(now, self.scheduler.model.busy)  # Reservation holds GPUs now
             ready_in = 0.0 if self.policy == "batch" else self.costs.container_start_s
             self._push(now + ready_in, KERNEL_READY, i)
             return True
@@ -306,8 +307,11 @@ class Simulation:
         if state.active:
             state.active = False
             self._active -= 1
-        state.stopped = True
-        state.placed = False
+        was_placed, state.stopped, state.placed = state.placed, True, False
+        self.metrics.committed_gpus.set(now, self.scheduler.model.busy)
+        if was_placed:  # its GPUs and hosts may let a waiting kernel or a queued cell in
+            self._retry_waiting(now)
+            self._dispatch(now)
 
     # --- cells ----------------------------------------------------------------------------------------
 
@@ -395,6 +399,7 @@ class Simulation:
     def _on_migration_done(self, now: float, migration_id: int, b: int) -> None:
         decision = self.scheduler.migration_finished(migration_id, now)
         self._count(decision)
+        self._dispatch(now)
         if isinstance(decision, MigrationCompleted) and decision.run is not None:
             self._push(
                 now + self.costs.cell_commit_s,
