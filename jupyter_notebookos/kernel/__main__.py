@@ -1,0 +1,46 @@
+"""``python -m jupyter_notebookos.kernel``: run one replica, configured by the protocol's environment.
+
+Problems a user or operator can fix end the process with one line on stderr and a distinct status:
+2 (bad environment), 3 (etcd unreachable or without quorum at start), 5 (the object store or the state
+cannot be read at start); 4 is a replica that lost its lease later (see :mod:`.app`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+EXIT_CONFIG = 2
+EXIT_ETCD_UNREACHABLE = 3
+EXIT_RESTORE_FAILED = 5
+
+
+def main() -> int:
+    """Run the replica until shutdown; returns the exit status."""
+    from jupyter_notebookos.coordination.errors import CoordinationError
+    from jupyter_notebookos.kernel.app import ReplicaApp
+    from jupyter_notebookos.kernel.settings import ReplicaConfigError
+    from jupyter_notebookos.replication.objectstore import ObjectStoreError
+
+    app = ReplicaApp.instance()
+
+    def fail(message: str, status: int) -> int:
+        replica_log = getattr(app, "replica_log", None)
+        if replica_log is not None:  # ipykernel may already own fd 2: write to the saved original
+            replica_log.fatal(message, status)
+        print(message.replace("\n", " "), file=sys.__stderr__, flush=True)
+        return status
+
+    try:
+        app.initialize([])
+    except ReplicaConfigError as exc:
+        return fail(f"notebookos replica: {exc}", EXIT_CONFIG)
+    except CoordinationError as exc:
+        return fail(f"notebookos replica cannot start: {exc}", EXIT_ETCD_UNREACHABLE)
+    except ObjectStoreError as exc:
+        return fail(f"notebookos replica cannot restore the kernel's state: {exc}", EXIT_RESTORE_FAILED)
+    app.start()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

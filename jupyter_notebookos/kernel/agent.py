@@ -1,0 +1,376 @@
+"""The replica's side of etcd: its lease, its registration, the state log and its checkpoints.
+
+Everything here runs on a dedicated thread with its own asyncio loop (:class:`CoordinationThread`), never on
+the kernel's main loop: user code blocks that loop for as long as a cell runs (a training loop, minutes), and
+the lease must be renewed meanwhile, or the replica would be declared dead in the middle of a cell.
+
+The kernel's main thread calls the blocking methods of :class:`ReplicaAgent` at start-up, and hands it the
+post-reply publication as a future; log records seen by the watch come back through a callback that the
+kernel turns into work on its own loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from jupyter_notebookos.coordination.client import Coordinator
+from jupyter_notebookos.coordination.errors import CoordinationError, LeaseLost
+from jupyter_notebookos.coordination.keys import KeyLayout
+from jupyter_notebookos.coordination.kv import EventType
+from jupyter_notebookos.coordination.lease import Lease
+from jupyter_notebookos.coordination.txn import Compare, Op
+from jupyter_notebookos.kernel.settings import ReplicaSettings
+from jupyter_notebookos.replication.protocol import (
+    FIRST_SEQ,
+    CheckpointPointer,
+    LogRecord,
+    ReplicaRegistration,
+)
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+#: Most log records one checkpoint transaction deletes (etcd refuses transactions of more than 128 ops).
+MAX_DELETES_PER_TXN = 100
+#: How long a publication keeps retrying while etcd is unreachable (the lease watchdog ends it sooner when
+#: the outage outlives the lease).
+PUBLISH_RETRY_SECONDS = 30.0
+
+
+class CoordinationThread:
+    """A daemon thread running an asyncio loop for the etcd client."""
+
+    def __init__(self, name: str = "notebookos-etcd") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def start(self) -> None:
+        """Start the thread (idempotent)."""
+        if not self._thread.is_alive():
+            self._thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
+        """Run ``coro`` on the loop; returns its future (safe from any thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, _T], timeout: float | None = None) -> _T:
+        """Run ``coro`` on the loop and wait for its result (never call this from the loop itself)."""
+        return self.submit(coro).result(timeout)
+
+
+@dataclass(frozen=True)
+class LogSnapshot:
+    """The kernel's checkpoint pointer and the log records after it, read at one etcd revision."""
+
+    checkpoint: CheckpointPointer | None
+    records: list[LogRecord]
+    revision: int
+
+
+@dataclass(frozen=True)
+class PublishOutcome:
+    """What became of a publication: written, or refused (with the reason, in words)."""
+
+    seq: int
+    written: bool
+    reason: str = ""
+
+
+class ReplicaAgent:
+    """One replica's etcd presence. Create, :meth:`connect`, then use; all blocking calls are thread-safe.
+
+    ``on_fatal(message)`` is called (on the coordination thread) when the replica must stop at once: its
+    lease is gone, or etcd has not confirmed it for longer than its TTL, so the replica counts as dead and
+    the cluster will replace it.
+    """
+
+    def __init__(self, settings: ReplicaSettings, on_fatal: Callable[[str], None]) -> None:
+        self.settings = settings
+        self.keys = KeyLayout(settings.etcd_prefix)
+        self.kid = settings.kernel_id
+        self.rid = settings.replica_id
+        self.thread = CoordinationThread()
+        self.coordinator: Coordinator | None = None
+        self.lease: Lease | None = None
+        self._on_fatal = on_fatal
+        self._stopping = False
+        self._applied_target = FIRST_SEQ - 1
+        self._applied_reported = FIRST_SEQ - 1
+        self._applied_wakeup: asyncio.Event | None = None
+        self._publish_lock: asyncio.Lock | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    # -- start-up (blocking, from the main thread) ----------------------------------------------------
+
+    def connect(self, timeout: float = 5.0) -> None:
+        """Connect to etcd and take a lease, kept alive and watched from now on.
+
+        Raises:
+            EtcdUnavailable, QuorumLost: etcd cannot be reached or cannot grant a lease.
+        """
+        self.thread.start()
+        self.thread.run(self._connect(timeout), timeout + 5)
+
+    async def _connect(self, timeout: float) -> None:
+        self.coordinator = await Coordinator.connect(
+            self.settings.etcd_endpoints, prefix=self.settings.etcd_prefix, timeout=timeout
+        )
+        self.lease = await self.coordinator.grant_lease(self.settings.lease_ttl)
+        self._applied_wakeup = asyncio.Event()
+        self._publish_lock = asyncio.Lock()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._watchdog(), name="lease watchdog"))
+        self._tasks.append(loop.create_task(self._report_applied_loop(), name="applied reporter"))
+
+    def read_snapshot(self) -> LogSnapshot:
+        """The checkpoint pointer and every log record after it, in one consistent read."""
+        return self.thread.run(self._read_snapshot(), 30)
+
+    async def _read_snapshot(self) -> LogSnapshot:
+        co = self._co()
+        result = await co.txn(
+            compare=[],
+            success=[
+                Op.get(self.keys.checkpoint(self.kid)),
+                Op.get(self.keys.log_prefix(self.kid), prefix=True),
+            ],
+        )
+        ckpt_items, log_items = result.results[0].items, result.results[1].items
+        pointer = CheckpointPointer.from_json(ckpt_items[0].value) if ckpt_items else None
+        after = pointer.seq if pointer is not None else FIRST_SEQ - 1
+        records = [LogRecord.from_json(kv.value) for kv in log_items]
+        return LogSnapshot(pointer, [r for r in records if r.seq > after], result.revision)
+
+    def register(self, registration: ReplicaRegistration) -> None:
+        """Put the registration (bound to the lease): from now on the router may use this replica."""
+        self.thread.run(self._register(registration), 30)
+
+    async def _register(self, registration: ReplicaRegistration) -> None:
+        co = self._co()
+        await co.txn(
+            compare=[],
+            success=[
+                Op.put(self.keys.replica(self.kid, self.rid), registration.to_json(), lease=self.lease),
+                Op.put(
+                    self.keys.applied(self.kid, self.rid), str(registration.applied_seq), lease=self.lease
+                ),
+            ],
+        )
+        self._applied_reported = max(self._applied_reported, registration.applied_seq)
+
+    def follow(self, start_revision: int, on_record: Callable[[LogRecord], None]) -> None:
+        """Deliver every log record put from ``start_revision`` on to ``on_record`` (coordination thread)."""
+        self.thread.run(self._follow(start_revision, on_record), 30)
+
+    async def _follow(self, start_revision: int, on_record: Callable[[LogRecord], None]) -> None:
+        watch = self._co().watch_prefix(self.keys.log_prefix(self.kid), start_revision=start_revision)
+        await watch.ready(timeout=10)
+
+        async def pump() -> None:
+            try:
+                async for event in watch:
+                    if event.type is EventType.PUT:
+                        try:
+                            record = LogRecord.from_json(event.value)
+                        except (ValueError, TypeError) as exc:
+                            log.error("ignoring malformed log record at %s: %s", event.key, exc)
+                            continue
+                        on_record(record)
+            except CoordinationError as exc:
+                if not self._stopping:
+                    self._fatal(f"lost the watch on the state log ({exc}); this replica cannot stay in step")
+
+        self._tasks.append(asyncio.get_running_loop().create_task(pump(), name="log watch"))
+
+    # -- the cell protocol -----------------------------------------------------------------------------
+
+    def report_applied(self, seq: int) -> None:
+        """Note that every record up to ``seq`` is applied; the put happens in the background, coalesced."""
+        self.thread.loop.call_soon_threadsafe(self._set_applied_target, seq)
+
+    def _set_applied_target(self, seq: int) -> None:
+        self._applied_target = max(self._applied_target, seq)
+        if self._applied_wakeup is not None:
+            self._applied_wakeup.set()
+
+    async def _report_applied_loop(self) -> None:
+        assert self._applied_wakeup is not None
+        while True:
+            await self._applied_wakeup.wait()
+            self._applied_wakeup.clear()
+            while self._applied_target > self._applied_reported and not self._stopping:
+                target = self._applied_target
+                try:
+                    await self._co().put(self.keys.applied(self.kid, self.rid), str(target), lease=self.lease)
+                    self._applied_reported = max(self._applied_reported, target)
+                except CoordinationError as exc:
+                    log.warning("could not report applied seq %d (will retry): %s", target, exc)
+                    await asyncio.sleep(0.2)
+
+    async def publish(self, record: LogRecord, fence: int) -> PublishOutcome:
+        """Write ``record`` in one transaction fenced on the executor key's create_revision.
+
+        The same transaction puts this replica's applied seq (the executor applied its own record). Retried
+        while etcd is unreachable; the compare on the record's absence makes a retry safe.
+        """
+        assert self._publish_lock is not None
+        async with self._publish_lock:  # records go out in the order their cells ran
+            return await self._publish(record, fence)
+
+    async def _publish(self, record: LogRecord, fence: int) -> PublishOutcome:
+        co = self._co()
+        log_key = self.keys.log_record(self.kid, record.seq)
+        executor_key = self.keys.executor(self.kid)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PUBLISH_RETRY_SECONDS
+        while True:
+            try:
+                result = await co.txn(
+                    compare=[Compare.create_revision(executor_key, "==", fence), Compare.absent(log_key)],
+                    success=[
+                        Op.put(log_key, record.to_json()),
+                        Op.put(self.keys.applied(self.kid, self.rid), str(record.seq), lease=self.lease),
+                    ],
+                    failure=[Op.get(executor_key), Op.get(log_key)],
+                )
+                break
+            except LeaseLost:
+                raise
+            except CoordinationError as exc:
+                if loop.time() > deadline or self._stopping:
+                    return PublishOutcome(record.seq, False, f"etcd unavailable: {exc}")
+                log.warning("publishing record %d: %s; retrying", record.seq, exc)
+                await asyncio.sleep(0.2)
+        if result.succeeded:
+            self._applied_reported = max(self._applied_reported, record.seq)
+            return PublishOutcome(record.seq, True)
+        executor_items, log_items = result.results[0].items, result.results[1].items
+        if log_items:
+            existing = LogRecord.from_json(log_items[0].value)
+            if existing.msg_id == record.msg_id and existing.replica_id == record.replica_id:
+                return PublishOutcome(record.seq, True)  # our own earlier attempt got through
+            return PublishOutcome(
+                record.seq,
+                False,
+                f"log record {record.seq} already exists (cell {existing.msg_id} by replica {existing.replica_id})",
+            )
+        if not executor_items:
+            return PublishOutcome(record.seq, False, f"no executor is elected ({executor_key} is absent)")
+        current = executor_items[0]
+        return PublishOutcome(
+            record.seq,
+            False,
+            f"the executor key was created at revision {current.create_revision} (value {current.text!r}), "
+            f"but this cell's fence is {fence}: this replica is no longer the executor",
+        )
+
+    async def checkpoint_due(self, head_seq: int, every: int) -> list[int] | None:
+        """The log seqs a checkpoint at ``head_seq`` may delete, when that is at least ``every`` records.
+
+        Records up to the lowest seq every registered replica has applied may go; None when too few can.
+        """
+        co = self._co()
+        result = await co.txn(
+            compare=[],
+            success=[
+                Op.get(self.keys.log_prefix(self.kid), prefix=True),
+                Op.get(self.keys.replicas_prefix(self.kid), prefix=True),
+                Op.get(self.keys.applied_prefix(self.kid), prefix=True),
+            ],
+        )
+        log_items, replica_items, applied_items = (r.items for r in result.results)
+        applied = {KeyLayout.last_segment(kv.key): int(kv.text) for kv in applied_items}
+        floor = head_seq
+        for kv in replica_items:
+            rid = KeyLayout.last_segment(kv.key)
+            try:
+                registered = ReplicaRegistration.from_json(kv.value).applied_seq
+            except (ValueError, TypeError):
+                registered = FIRST_SEQ - 1
+            floor = min(floor, max(applied.get(rid, registered), registered))
+        deletable = [s for s in (KeyLayout.seq_of(kv.key) for kv in log_items) if s <= floor]
+        return deletable[:MAX_DELETES_PER_TXN] if len(deletable) >= every else None
+
+    async def commit_checkpoint(self, pointer: CheckpointPointer, delete: list[int], fence: int) -> bool:
+        """Point the kernel's checkpoint key at ``pointer`` and delete records ``delete``, in one txn.
+
+        Fenced like a publication, and refused if a newer checkpoint is already in place.
+        """
+        co = self._co()
+        key = self.keys.checkpoint(self.kid)
+        current = await co.get(key)
+        if current is not None and CheckpointPointer.from_json(current.value).seq >= pointer.seq:
+            return False
+        result = await co.txn(
+            compare=[
+                Compare.create_revision(self.keys.executor(self.kid), "==", fence),
+                Compare.mod_revision(key, "==", current.mod_revision if current is not None else 0),
+            ],
+            success=[Op.put(key, pointer.to_json())]
+            + [Op.delete(self.keys.log_record(self.kid, s)) for s in delete],
+        )
+        return result.succeeded
+
+    # -- the end ---------------------------------------------------------------------------------------
+
+    def revoke(self, timeout: float = 2.0) -> None:
+        """Revoke the lease (registration, applied and GPU keys vanish at once) and stop."""
+        self._stopping = True
+        try:
+            self.thread.run(self._revoke(timeout), timeout + 1)
+        except Exception as exc:
+            log.warning("could not revoke lease cleanly (its keys expire with its TTL): %s", exc)
+
+    async def _revoke(self, timeout: float) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self.lease is not None:
+            await self.lease.revoke(timeout=timeout)
+        if self.coordinator is not None:
+            await self.coordinator.close()
+
+    # -- internals -------------------------------------------------------------------------------------
+
+    def _co(self) -> Coordinator:
+        if self.coordinator is None:
+            raise RuntimeError("ReplicaAgent.connect() was not called")
+        return self.coordinator
+
+    async def _watchdog(self) -> None:
+        """End the replica when its lease is gone, or unconfirmed for longer than its TTL."""
+        lease = self.lease
+        assert lease is not None
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            await asyncio.sleep(0.2)
+            if self._stopping:
+                return
+            if lease.lost.is_set():
+                self._fatal(f"etcd lease {lease.id:x} is gone ({lease.lost_reason})")
+                return
+            if loop.time() > lease.confirmed_until:
+                self._fatal(
+                    f"etcd has not confirmed lease {lease.id:x} for longer than its {lease.ttl} s TTL "
+                    f"(etcd unreachable at {', '.join(self.settings.etcd_endpoints)})"
+                )
+                return
+
+    def _fatal(self, reason: str) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        self._on_fatal(
+            f"NotebookOS replica {self.rid} of kernel {self.kid} stops: {reason}. It counts as dead; the "
+            "gateway replaces it from the other replicas' state."
+        )

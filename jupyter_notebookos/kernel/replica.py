@@ -1,0 +1,438 @@
+"""``ReplicaKernel``: an IPython kernel that is one replica of a NotebookOS kernel.
+
+It runs the user's own code like any IPython kernel. What it adds:
+
+- An ``execute_request`` whose metadata carries a :class:`~replication.protocol.CellDirective` is a *directed*
+  cell: the replica binds the directive's GPUs, runs the code, releases the GPUs, captures and pickles the
+  cell's state delta (warning once in the cell's stderr about values that cannot be serialized), replies with
+  ``metadata.notebookos = {replica, host, gpus, seq}``, and after the reply uploads the buffers and publishes
+  log record ``directive.seq`` in one fenced etcd transaction. Every directed cell publishes exactly one
+  record: also when it changed nothing, raised, was interrupted, or was aborted after an earlier error.
+- An ``execute_request`` *without* a directive (a client talking to the replica directly, a test) runs and
+  publishes nothing: its effects stay on this replica (and ride along in this replica's next published delta
+  if it changed names that a directed cell then captures).
+- Log records published by other replicas are applied strictly in ``seq`` order, on the kernel's own loop,
+  through the same queue as shell requests, so never while a cell runs.
+- Checkpoints: after publishing, the executor checkpoints its namespace when at least ``checkpoint_every``
+  records could be deleted (every registered replica applied them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ipykernel.ipkernel import IPythonKernel
+
+from jupyter_notebookos.gpu.binding import GpuBinding
+from jupyter_notebookos.kernel.agent import PublishOutcome, ReplicaAgent
+from jupyter_notebookos.kernel.settings import ReplicaSettings
+from jupyter_notebookos.kernel.statelog import PendingDelta, StateLog, serialize_delta
+from jupyter_notebookos.replication.protocol import FIRST_SEQ, METADATA_KEY, CellDirective, LogRecord
+from jupyter_notebookos.replication.serialization import UnreplicatedValue
+from jupyter_notebookos.replication.state import StateTracker
+
+log = logging.getLogger(__name__)
+
+#: How long a directed cell waits for this replica to apply the records before it.
+CATCH_UP_TIMEOUT = 30.0
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Ignore SIGINT while the finished cell's delta is captured: an interrupt must not lose its record."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@dataclass
+class _Cell:
+    """The directed cell being handled."""
+
+    directive: CellDirective
+    msg_id: str
+    pending: PendingDelta | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+class ReplicaKernel(IPythonKernel):
+    """One replica of a NotebookOS kernel. :meth:`attach` wires it to etcd before the loop starts."""
+
+    implementation = "notebookos"
+
+    # Set by attach(); class-level defaults keep traitlets' HasTraits machinery out of these.
+    settings: ReplicaSettings
+    agent: ReplicaAgent
+    statelog: StateLog
+    gpus: GpuBinding
+    tracker: StateTracker
+
+    def attach(self, settings: ReplicaSettings, agent: ReplicaAgent, statelog: StateLog) -> None:
+        """Give the kernel its settings, etcd agent and state log (before the loop starts)."""
+        self.settings = settings
+        self.agent = agent
+        self.statelog = statelog
+        self.gpus = GpuBinding(settings.gpus)
+        assert self.shell is not None
+        self.tracker = StateTracker(self.shell.user_ns, hidden=self.shell.user_ns_hidden)
+        self.applied = FIRST_SEQ - 1
+        self._records: dict[int, LogRecord] = {}
+        self._record_arrived = asyncio.Event()
+        self._cell: _Cell | None = None
+        self._publishing: concurrent.futures.Future[PublishOutcome] | None = None
+        self._needs_resync = False
+
+    # -- restore ---------------------------------------------------------------------------------------
+
+    def restore(self) -> int:
+        """Load the checkpoint and the log records after it into the namespace; returns the etcd revision
+        the log was read at (watch from the next one)."""
+        snapshot = self.agent.read_snapshot()
+        if snapshot.checkpoint is not None:
+            record = self.statelog.read_checkpoint(snapshot.checkpoint)
+            self.tracker.apply(record, self.statelog.store)
+            self.applied = snapshot.checkpoint.seq
+        for rec in sorted(snapshot.records, key=lambda r: r.seq):
+            if rec.seq == self.applied + 1:
+                self._apply_one(rec)
+            elif rec.seq > self.applied + 1:
+                self._records[rec.seq] = rec  # a gap: wait for the router to close it
+        self.tracker.reset()
+        log.info(
+            "restored %d names up to log seq %d (checkpoint %s, %d records)",
+            len(self.tracker.user_names()),
+            self.applied,
+            snapshot.checkpoint.seq if snapshot.checkpoint else "none",
+            len(snapshot.records),
+        )
+        return snapshot.revision
+
+    @property
+    def namespace(self) -> dict[str, Any]:
+        """The user's namespace (the shell's ``user_ns``)."""
+        assert self.shell is not None
+        return self.shell.user_ns
+
+    # -- following the log -----------------------------------------------------------------------------
+
+    def on_record(self, record: LogRecord) -> None:
+        """A log record arrived (called on the coordination thread)."""
+        assert self.io_loop is not None
+        self.io_loop.add_callback(self._queue_record, record)
+
+    def _queue_record(self, record: LogRecord) -> None:
+        if record.seq <= self.applied:
+            return  # our own record, or one a restore already covered
+        self._records[record.seq] = record
+        self._record_arrived.set()
+        self.schedule_dispatch(self._apply_ready)
+
+    async def _apply_ready(self) -> None:
+        """Apply every record that is next in line (a dispatch: runs between shell requests)."""
+        await self._quiesce()
+        self._apply_pending()
+
+    def _apply_pending(self) -> None:
+        while (record := self._records.pop(self.applied + 1, None)) is not None:
+            self._apply_one(record)
+        for seq in [s for s in self._records if s <= self.applied]:
+            del self._records[seq]
+
+    def _apply_one(self, record: LogRecord) -> None:
+        started = time.perf_counter()
+        if record.kind == "delta":
+            try:
+                state = self.statelog.load(record)
+                if state is not None:
+                    self.tracker.apply(state, self.statelog.store)
+            except Exception as exc:
+                # The names exist on the executor; here they explain why they cannot be used.
+                reason = f"applying log record {record.seq} failed: {type(exc).__name__}: {exc}"
+                log.error("%s (names %s)", reason, ", ".join(record.names))
+                for name in record.deleted:
+                    self.namespace.pop(name, None)
+                for name in [*record.names, *record.unserializable]:
+                    self.namespace[name] = UnreplicatedValue(name, reason)
+                self.tracker.refresh([*record.names, *record.deleted])
+        self.applied = record.seq
+        self.agent.report_applied(record.seq)
+        log.debug(
+            "applied record %d (%s) in %.1f ms",
+            record.seq,
+            record.kind,
+            (time.perf_counter() - started) * 1e3,
+        )
+
+    async def _catch_up(self, target: int) -> bool:
+        """Apply records until ``target`` is applied; False if they do not arrive in time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CATCH_UP_TIMEOUT
+        while True:
+            self._apply_pending()
+            if self.applied >= target:
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            self._record_arrived.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._record_arrived.wait(), min(remaining, 1.0))
+
+    async def _quiesce(self) -> None:
+        """Wait for this replica's last publication (the namespace is being uploaded until then)."""
+        future = self._publishing
+        if future is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(future)
+            self._settle(future)
+        if self._needs_resync:
+            self._resync()
+
+    def _settle(self, future: concurrent.futures.Future[PublishOutcome]) -> None:
+        if self._publishing is not future:
+            return
+        self._publishing = None
+        try:
+            outcome = future.result()
+        except Exception as exc:
+            log.error("publishing the state record failed: %s", exc)
+            self._needs_resync = True
+            return
+        if outcome.written:
+            if outcome.seq > self.applied:
+                self.applied = outcome.seq
+            self._apply_pending()
+            return
+        log.error(
+            "log record %d was NOT written: %s. This replica's namespace now differs from the log; it "
+            "reloads its state from the checkpoint and the log.",
+            outcome.seq,
+            outcome.reason,
+        )
+        self._needs_resync = True
+
+    def _resync(self) -> None:
+        """Reload the namespace from the checkpoint and the log (after a refused publication)."""
+        self._needs_resync = False
+        for name in self.tracker.user_names():
+            self.namespace.pop(name, None)
+        self.applied = FIRST_SEQ - 1
+        self.tracker.reset()
+        self.restore()
+        self._apply_pending()
+        self.agent.report_applied(self.applied)
+
+    # -- directed cells --------------------------------------------------------------------------------
+
+    @staticmethod
+    def directive_of(parent: dict[str, Any]) -> CellDirective | None:
+        """The request's CellDirective, or None for a plain request. Raises ValueError when malformed."""
+        raw = (parent.get("metadata") or {}).get(METADATA_KEY)
+        if raw is None:
+            return None
+        try:
+            return CellDirective.from_dict(raw)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed metadata.{METADATA_KEY} directive {raw!r}: {exc}") from exc
+
+    async def execute_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """Run a cell; for a directed cell, publish its state record after the reply."""
+        await self._quiesce()
+        try:
+            directive = self.directive_of(parent)
+        except ValueError as exc:
+            self._reply_error(stream, ident, parent, "NotebookOSDirectiveError", str(exc))
+            return
+        if directive is None:
+            await super().execute_request(stream, ident, parent)
+            return
+        msg_id = parent["header"]["msg_id"]
+        if not await self._catch_up(directive.seq - 1):
+            self._reply_error(
+                stream,
+                ident,
+                parent,
+                "NotebookOSReplicaBehind",
+                f"replica {self.settings.replica_id} has applied the state log up to record {self.applied} "
+                f"but this cell is record {directive.seq}; the records in between did not arrive within "
+                f"{CATCH_UP_TIMEOUT:.0f} s. Nothing ran.",
+            )
+            return
+        self._cell = _Cell(directive, msg_id)
+        try:
+            await super().execute_request(stream, ident, parent)
+        finally:
+            cell, self._cell = self._cell, None
+            pending = cell.pending if cell.pending is not None else serialize_delta(None, 0)
+            self._start_publication(cell.directive, msg_id, pending)
+
+    def _start_publication(self, directive: CellDirective, msg_id: str, pending: PendingDelta) -> None:
+        statelog, agent = self.statelog, self.agent
+        settings = self.settings
+        ns = self.namespace
+        names = self.tracker.user_names
+
+        async def publish() -> PublishOutcome:
+            loop = asyncio.get_running_loop()
+            started = time.perf_counter()
+            record = await loop.run_in_executor(None, statelog.finish, pending, directive.seq, msg_id)
+            outcome = await agent.publish(record, directive.fence)
+            log.info(
+                "record %d (%d names, %d buffers) %s in %.1f ms%s",
+                directive.seq,
+                len(record.names),
+                len(pending.views),
+                "published" if outcome.written else "refused",
+                (time.perf_counter() - started) * 1e3,
+                "" if outcome.written else f": {outcome.reason}",
+            )
+            if outcome.written:
+                try:
+                    delete = await agent.checkpoint_due(directive.seq, settings.checkpoint_every)
+                    if delete is not None:
+                        pointer = await loop.run_in_executor(
+                            None,
+                            statelog.write_checkpoint,
+                            ns,
+                            names(),
+                            directive.seq,
+                            settings.buffer_threshold,
+                        )
+                        done = await agent.commit_checkpoint(pointer, delete, directive.fence)
+                        log.info(
+                            "checkpoint at seq %d %s", directive.seq, "written" if done else "not needed"
+                        )
+                except Exception as exc:  # a failed checkpoint costs etcd space, never state
+                    log.warning("checkpoint at seq %d failed: %s", directive.seq, exc)
+            return outcome
+
+        future = agent.thread.submit(publish())
+        self._publishing = future
+        loop = self.io_loop
+        future.add_done_callback(lambda f: loop.add_callback(self._settle, f))
+
+    def _reply_error(self, stream: Any, ident: Any, parent: dict[str, Any], ename: str, evalue: str) -> None:
+        content = {"status": "error", "ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
+        assert self.session is not None
+        self.session.send(
+            stream, "execute_reply", content, parent, metadata=self._reply_metadata(None), ident=ident
+        )
+
+    def _send_abort_reply(self, stream: Any, msg: dict[str, Any], idents: Any) -> None:
+        """An aborted directed cell (an earlier cell failed) still publishes its (empty) record."""
+        super()._send_abort_reply(stream, msg, idents)
+        try:
+            directive = self.directive_of(msg)
+        except ValueError:
+            return
+        if directive is not None:
+            self._start_publication(directive, msg["header"]["msg_id"], serialize_delta(None, 0))
+
+    async def do_execute(
+        self,
+        code: str,
+        silent: bool,
+        store_history: bool = True,
+        user_expressions: dict[str, Any] | None = None,
+        allow_stdin: bool = False,
+        *,
+        cell_meta: dict[str, Any] | None = None,
+        cell_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Run the code; around a directed cell, bind/release GPUs and capture the delta."""
+        cell = self._cell
+        if cell is None:
+            return await super().do_execute(
+                code,
+                silent,
+                store_history,
+                user_expressions,
+                allow_stdin,
+                cell_meta=cell_meta,
+                cell_id=cell_id,
+            )
+        ns = self.namespace
+        self.tracker.before_cell(code)
+        try:
+            bound = self.gpus.bind(cell.directive.gpus, ns)
+            cell.warnings.extend(bound.warnings)
+        except ValueError as exc:
+            cell.warnings.append(f"NotebookOS: {exc}")
+        self._warn(cell.warnings)
+        try:
+            reply: dict[str, Any] = await super().do_execute(
+                code,
+                silent,
+                store_history,
+                user_expressions,
+                allow_stdin,
+                cell_meta=cell_meta,
+                cell_id=cell_id,
+            )
+        finally:
+            with _sigint_deferred():
+                messages = self.gpus.release(ns).warnings
+                try:
+                    delta = self.tracker.after_cell()
+                    cell.pending = serialize_delta(delta, self.settings.buffer_threshold)
+                    if cell.pending.warning:
+                        messages.append(cell.pending.warning)
+                except Exception as exc:
+                    log.exception("capturing the state delta failed")
+                    self.tracker.reset()
+                    messages.append(
+                        f"NotebookOS: this cell's changes could not be captured ({type(exc).__name__}: {exc}); "
+                        "they will not survive a failover or migration of this kernel."
+                    )
+                self._warn(messages)
+        return reply
+
+    def _warn(self, messages: list[str]) -> None:
+        """Show ``messages`` in the running cell's output (its stderr stream)."""
+        for message in messages:
+            print(message, file=sys.stderr, flush=True)
+
+    def finish_metadata(
+        self, parent: dict[str, Any], metadata: dict[str, Any], reply_content: dict[str, Any]
+    ) -> Any:
+        """Add ``metadata.notebookos`` to the reply."""
+        metadata = super().finish_metadata(parent, metadata, reply_content)
+        metadata[METADATA_KEY] = self._reply_metadata(self._cell)
+        return metadata
+
+    def _reply_metadata(self, cell: _Cell | None) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "replica": self.settings.replica_id,
+            "host": self.settings.host,
+            "gpus": list(cell.directive.gpus) if cell else [],
+            "seq": cell.directive.seq if cell else None,
+        }
+        if cell is not None and cell.pending is not None and cell.pending.unserializable:
+            info["unserializable"] = cell.pending.unserializable
+        return info
+
+    # -- shutdown --------------------------------------------------------------------------------------
+
+    def do_shutdown(self, restart: bool) -> dict[str, Any]:
+        """Revoke the lease (registration, applied and GPU keys vanish at once), then stop as usual."""
+        future = self._publishing
+        if future is not None:
+            with contextlib.suppress(Exception):
+                future.result(timeout=10)
+        self.agent.revoke()
+        return super().do_shutdown(restart)

@@ -1,0 +1,170 @@
+"""The replica's side of the state log: a cell's delta as a :class:`LogRecord`, and back.
+
+Publishing is split in two around the ``execute_reply`` (DESIGN.md section 2, steps 5 and 6):
+
+1. :func:`serialize_delta`, before the reply, pickles the delta with its large buffers out of band. The
+   buffers are *views of the live objects* (no copy, no hashing), so this costs one pickling of the small
+   values; it is also where we learn which names cannot be serialized, in time to warn in the cell's output.
+2. :meth:`StateLog.finish`, after the reply, uploads those buffers (content-addressed) and, when the
+   serialized delta is too large for etcd, the delta itself, and returns the :class:`LogRecord` to publish.
+
+Between the two the namespace must not change: the replica kernel runs nothing else until the record is
+published (``ReplicaKernel._quiesce``).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_notebookos.kernel.settings import INLINE_PAYLOAD_LIMIT
+from jupyter_notebookos.replication.digest import as_bytes_view, content_digest
+from jupyter_notebookos.replication.objectstore import BufferCorruptError, BufferRef, ObjectStore
+from jupyter_notebookos.replication.protocol import CheckpointPointer, LogRecord
+from jupyter_notebookos.replication.serialization import StateRecord, encode_values
+from jupyter_notebookos.replication.state import StateDelta
+
+log = logging.getLogger(__name__)
+
+
+class _DeferredStore:
+    """Takes the place of the object store while a delta is pickled before the reply.
+
+    It keeps each out-of-band buffer as a view of the user's object and hands out placeholder pointers;
+    :meth:`StateLog.finish` uploads the views and puts the real pointers into the record.
+    """
+
+    def __init__(self) -> None:
+        self.views: list[memoryview] = []
+
+    def put_buffer(self, data: Any, digest: str | None = None) -> BufferRef:
+        view = as_bytes_view(data)
+        self.views.append(view)
+        n = len(self.views) - 1
+        return BufferRef(key=f"pending/{n}", size=len(view), digest=f"pending-{n}")
+
+
+@dataclass
+class PendingDelta:
+    """A cell's delta, pickled; its large buffers are still views of the user's objects."""
+
+    record: StateRecord
+    views: list[memoryview]
+    names: list[str]
+    deleted: list[str]
+
+    @property
+    def unserializable(self) -> list[str]:
+        """Names whose value could not be serialized (they will not survive a failover or migration)."""
+        return sorted(self.record.unserializable)
+
+    @property
+    def warning(self) -> str | None:
+        """The one warning to show in the cell's output, or None."""
+        return self.record.warning()
+
+    @property
+    def empty(self) -> bool:
+        """Whether the cell changed nothing a replica needs."""
+        return not (self.record.bound or self.record.deleted or self.record.unserializable)
+
+
+def serialize_delta(delta: StateDelta | None, threshold: int) -> PendingDelta:
+    """Pickle ``delta`` (None: an empty delta) with buffers of at least ``threshold`` bytes out of band."""
+    if delta is None or delta.is_empty():
+        return PendingDelta(StateRecord(kind="delta"), [], [], [])
+    store = _DeferredStore()
+    record = encode_values(
+        delta.values,
+        namespace=delta.namespace,
+        store=store,  # type: ignore[arg-type]  # duck-typed: only put_buffer is used
+        kind="delta",
+        deleted=delta.deleted,
+        threshold=threshold,
+        unserializable=delta.unpicklable,
+    )
+    return PendingDelta(record, store.views, sorted(delta.bound), sorted(delta.deleted))
+
+
+class StateLog:
+    """Builds and reads the log records and checkpoints of one kernel, against its object store."""
+
+    def __init__(self, store: ObjectStore, replica_id: str, *, inline_limit: int = INLINE_PAYLOAD_LIMIT):
+        self.store = store
+        self.replica_id = replica_id
+        self.inline_limit = inline_limit
+
+    def finish(self, pending: PendingDelta, seq: int, msg_id: str) -> LogRecord:
+        """Upload ``pending``'s buffers (and its payload when large); return the record to publish."""
+        if pending.empty:
+            return LogRecord(seq=seq, kind="delta", msg_id=msg_id, replica_id=self.replica_id)
+        refs = tuple(self.store.put_buffer(view) for view in pending.views)
+        record = dataclasses.replace(pending.record, buffers=refs)
+        data = record.to_bytes()
+        objects = [ref.key for ref in refs]
+        payload: str | None = None
+        payload_ref: str | None = None
+        if len(data) <= self.inline_limit:
+            payload = base64.b64encode(data).decode()
+        else:
+            payload_ref = self.store.put_buffer(data).key
+            objects.append(payload_ref)
+        return LogRecord(
+            seq=seq,
+            kind="delta",
+            msg_id=msg_id,
+            replica_id=self.replica_id,
+            payload=payload,
+            payload_ref=payload_ref,
+            objects=objects,
+            names=list(pending.names),
+            deleted=list(pending.deleted),
+            unserializable=pending.unserializable,
+        )
+
+    def empty_record(self, seq: int, msg_id: str) -> LogRecord:
+        """The record of a directed cell that changed nothing (or was aborted before it ran)."""
+        return LogRecord(seq=seq, kind="delta", msg_id=msg_id, replica_id=self.replica_id)
+
+    def load(self, record: LogRecord) -> StateRecord | None:
+        """The state record a log record carries, or None when there is nothing to apply."""
+        if record.kind != "delta":
+            return None
+        if record.payload is not None:
+            return StateRecord.from_bytes(base64.b64decode(record.payload))
+        if record.payload_ref is not None:
+            return StateRecord.from_bytes(self._read_object(record.payload_ref))
+        return None
+
+    def _read_object(self, key: str) -> bytes:
+        """A content-addressed object by key, checked against the digest its key names."""
+        data = bytes(self.store.fs.cat_file(f"{self.store.root}/{key}"))
+        if content_digest(data) != key.rsplit("/", 1)[-1]:
+            raise BufferCorruptError(
+                f"object {key} in {self.store.url} does not match its digest: it is damaged."
+            )
+        return data
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+
+    def write_checkpoint(
+        self, ns: dict[str, Any], names: Iterable[str], seq: int, threshold: int
+    ) -> CheckpointPointer:
+        """Serialize the namespace's ``names`` as of log record ``seq`` into the store; return its pointer."""
+        record = encode_values(
+            {n: ns[n] for n in names if n in ns},
+            namespace=ns,
+            store=self.store,
+            kind="checkpoint",
+            threshold=threshold,
+        )
+        ref = self.store.put_checkpoint(seq, record.to_bytes())
+        return CheckpointPointer(seq=seq, ref=ref, objects=record.object_keys, replica_id=self.replica_id)
+
+    def read_checkpoint(self, pointer: CheckpointPointer) -> StateRecord:
+        """The checkpoint a pointer names."""
+        return StateRecord.from_bytes(self.store.get_checkpoint(pointer.seq))
