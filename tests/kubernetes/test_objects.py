@@ -112,6 +112,9 @@ def test_replica_runs_the_notebookos_kernel_with_its_identity_and_cluster_addres
     assert env["NOTEBOOKOS_KERNEL_ID"] == KERNEL
     assert env["NOTEBOOKOS_REPLICA_ID"] == "r1"
     assert env["NOTEBOOKOS_HOST"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["NOTEBOOKOS_IP"] == "0.0.0.0"
+    assert env["NOTEBOOKOS_ADVERTISE_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["NOTEBOOKOS_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["NOTEBOOKOS_ETCD_ENDPOINTS"] == "etcd-0:2379,etcd-1:2379,etcd-2:2379"
     assert env["NOTEBOOKOS_OBJECT_STORE_URL"] == "file:///mnt/notebookos-store"
     assert env["KERNEL_USERNAME"] == "alice"  # EG's KERNEL_* pass through

@@ -130,13 +130,9 @@ class KubernetesLauncher(Launcher):
         config=True,
         help="Tolerations that let replica pods onto tainted GPU nodes.",
     )
-    image_pull_policy = Enum(
-        ["Always", "IfNotPresent", "Never"], "IfNotPresent", config=True, help="imagePullPolicy."
-    )
+    image_pull_policy = Enum(["Always", "IfNotPresent", "Never"], "IfNotPresent", config=True, help="imagePullPolicy.")
     image_pull_secrets = List(Unicode(), config=True, help="Names of image pull secrets for replica pods.")
-    priority_class_name = Unicode(
-        "", config=True, help="PriorityClass of replica pods (empty: cluster default)."
-    )
+    priority_class_name = Unicode("", config=True, help="PriorityClass of replica pods (empty: cluster default).")
     etcd_endpoints = Unicode(
         config=True, help="etcd endpoints the replicas use (comma-separated). Env: NOTEBOOKOS_ETCD_ENDPOINTS."
     )
@@ -150,17 +146,13 @@ class KubernetesLauncher(Launcher):
         config=True,
         help="Secret with ca.crt, tls.crt, tls.key for etcd client TLS, mounted into replicas.",
     )
-    object_store_url = Unicode(
-        config=True, help="Object store URL for replicas. Env: NOTEBOOKOS_OBJECT_STORE_URL."
-    )
+    object_store_url = Unicode(config=True, help="Object store URL for replicas. Env: NOTEBOOKOS_OBJECT_STORE_URL.")
 
     @default("object_store_url")
     def _object_store_url_default(self) -> str:
         return os.environ.get("NOTEBOOKOS_OBJECT_STORE_URL", "")
 
-    object_store_claim = Unicode(
-        "", config=True, help="RWX PersistentVolumeClaim holding a file:// object store."
-    )
+    object_store_claim = Unicode("", config=True, help="RWX PersistentVolumeClaim holding a file:// object store.")
     object_store_mount_path = Unicode(
         "/mnt/notebookos-store", config=True, help="Where object_store_claim is mounted in replicas."
     )
@@ -171,8 +163,7 @@ class KubernetesLauncher(Launcher):
     launch_timeout = Float(
         300.0,
         config=True,
-        help="Seconds a replica pod may take to run (scheduling + image pull); KERNEL_LAUNCH_TIMEOUT "
-        "overrides.",
+        help="Seconds a replica pod may take to run (scheduling + image pull); KERNEL_LAUNCH_TIMEOUT overrides.",
     )
     pin_to_host = Bool(
         True,
@@ -183,19 +174,13 @@ class KubernetesLauncher(Launcher):
     instance = Unicode("notebookos", config=True, help="app.kubernetes.io/instance label (the helm release).")
     extra_labels = Dict(config=True, help="Extra labels of replica pods.")
     extra_annotations = Dict(config=True, help="Extra annotations of replica pods.")
-    prohibited_uids = List(
-        Integer(), [0], config=True, help="KERNEL_UID values refused (EG's EG_PROHIBITED_UIDS)."
-    )
-    prohibited_gids = List(
-        Integer(), [0], config=True, help="KERNEL_GID values refused (EG's EG_PROHIBITED_GIDS)."
-    )
+    prohibited_uids = List(Integer(), [0], config=True, help="KERNEL_UID values refused (EG's EG_PROHIBITED_UIDS).")
+    prohibited_gids = List(Integer(), [0], config=True, help="KERNEL_GID values refused (EG's EG_PROHIBITED_GIDS).")
     watch_timeout = Integer(300, config=True, help="Seconds before the shared watch is renewed.")
     cache_sync_timeout = Float(30.0, config=True, help="Seconds to wait for the first listing of pods.")
 
     core_api = AnyTrait(None, allow_none=True, help="A kubernetes CoreV1Api (tests pass a fake).")
-    watch_factory = AnyTrait(
-        None, allow_none=True, help="Makes kubernetes.watch.Watch objects (tests: fake)."
-    )
+    watch_factory = AnyTrait(None, allow_none=True, help="Makes kubernetes.watch.Watch objects (tests: fake).")
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -376,9 +361,7 @@ class KubernetesLauncher(Launcher):
             pod = self._find_cached(key)
             if pod is None and key in self._gone:
                 reason = status.termination_reason(self._gone[key])
-                raise LaunchError(
-                    f"{what} was deleted before it started ({reason}); the scheduler may retry elsewhere"
-                )
+                raise LaunchError(f"{what} was deleted before it started ({reason}); the scheduler may retry elsewhere")
             if pod is not None:
                 if status.is_running(pod):
                     return str((pod.get("spec") or {}).get("nodeName") or spec.host)

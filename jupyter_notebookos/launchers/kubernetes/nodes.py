@@ -85,9 +85,7 @@ def _gpu_count(value: object) -> int:
 def gpu_node_from(obj: dict[str, Any], resource: str = "nvidia.com/gpu") -> GpuNode:
     """A :class:`GpuNode` from an API-shaped Node dict."""
     meta, spec, node_status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in node_status.get("conditions") or []
-    )
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in node_status.get("conditions") or [])
     leaving = any(t.get("key") in REMOVAL_TAINTS for t in spec.get("taints") or [])
     return GpuNode(
         name=str(meta.get("name")),
@@ -109,13 +107,9 @@ def diff_nodes(before: GpuNode | None, after: GpuNode | None) -> list[NodeEvent]
         return [NodeEvent(NodeEventKind.REMOVED, before, before)]
     events = []
     if before.cordoned != after.cordoned:
-        events.append(
-            NodeEvent(NodeEventKind.CORDONED if after.cordoned else NodeEventKind.UNCORDONED, after, before)
-        )
+        events.append(NodeEvent(NodeEventKind.CORDONED if after.cordoned else NodeEventKind.UNCORDONED, after, before))
     if before.ready != after.ready:
-        events.append(
-            NodeEvent(NodeEventKind.READY if after.ready else NodeEventKind.NOT_READY, after, before)
-        )
+        events.append(NodeEvent(NodeEventKind.READY if after.ready else NodeEventKind.NOT_READY, after, before))
     if before.gpus != after.gpus:
         events.append(NodeEvent(NodeEventKind.GPUS_CHANGED, after, before))
     return events
@@ -139,9 +133,7 @@ class NodeInventory(LoggingConfigurable):
     ignored_nodes = List(Unicode(), config=True, help="Node names never used as hosts.")
 
     core_api = AnyTrait(None, allow_none=True, help="A kubernetes CoreV1Api (tests pass a fake).")
-    watch_factory = AnyTrait(
-        None, allow_none=True, help="Makes kubernetes.watch.Watch objects (tests: fake)."
-    )
+    watch_factory = AnyTrait(None, allow_none=True, help="Makes kubernetes.watch.Watch objects (tests: fake).")
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -25,6 +25,7 @@ import yaml
 from kubernetes.utils import parse_quantity
 
 from jupyter_notebookos.launchers.base import LaunchError, ReplicaSpec
+from jupyter_notebookos.replication import protocol
 
 # Labels every NotebookOS pod carries; the launcher's watch selects on them.
 COMPONENT_LABEL = "component"
@@ -205,9 +206,7 @@ def check_image(what: str, value: str) -> str:
     else:
         path = name
     if not path or len(path) > 255 or not _IMAGE_PATH.match(path):
-        raise _fail(
-            what, value, "is not a valid image name (lowercase letters, digits, '.', '_', '-', '/')", fix
-        )
+        raise _fail(what, value, "is not a valid image name (lowercase letters, digits, '.', '_', '-', '/')", fix)
     return value
 
 
@@ -236,9 +235,7 @@ def _check_int(what: str, value: object, low: int, high: int) -> int:
     except ValueError:
         raise _fail(what, value, "is not an integer", f"give a whole number from {low} to {high}") from None
     if not low <= number <= high:
-        raise _fail(
-            what, value, f"is out of range {low}..{high}", f"give a whole number from {low} to {high}"
-        )
+        raise _fail(what, value, f"is out of range {low}..{high}", f"give a whole number from {low} to {high}")
     return number
 
 
@@ -252,9 +249,7 @@ def _structured(what: str, value: object) -> list[dict[str, Any]]:
             try:
                 parsed = yaml.safe_load(value)
             except yaml.YAMLError as err:
-                raise _fail(
-                    what, value, f"is neither JSON nor YAML ({err})", "give a JSON list of objects"
-                ) from None
+                raise _fail(what, value, f"is neither JSON nor YAML ({err})", "give a JSON list of objects") from None
     if parsed is None:
         return []
     if isinstance(parsed, Mapping):
@@ -324,13 +319,10 @@ def resolve_replica_request(spec: ReplicaSpec, settings: PodSettings) -> Replica
             "KERNEL_NAMESPACE",
             namespace,
             "is not a namespace this gateway launches replicas into",
-            f"use one of {sorted(allowed)}, or add it to KubernetesLauncher.allowed_namespaces "
-            "and to the chart's RBAC",
+            f"use one of {sorted(allowed)}, or add it to KubernetesLauncher.allowed_namespaces and to the chart's RBAC",
         )
     image = check_image("kernel image", str(pick("KERNEL_IMAGE", "image_name", settings.image)))
-    service_account = str(
-        pick("KERNEL_SERVICE_ACCOUNT_NAME", "service_account_name", settings.service_account)
-    )
+    service_account = str(pick("KERNEL_SERVICE_ACCOUNT_NAME", "service_account_name", settings.service_account))
     if service_account:
         check_dns1123_subdomain("KERNEL_SERVICE_ACCOUNT_NAME", service_account)
     runtime_class = str(config.get("runtime_class_name") or settings.runtime_class_name)
@@ -348,11 +340,7 @@ def resolve_replica_request(spec: ReplicaSpec, settings: PodSettings) -> Replica
         raw = pick(env_name, key)
         quantities[key] = check_quantity(env_name, raw) if raw != "" else ""
     for request, limit in (("cpus", "cpus_limit"), ("memory", "memory_limit")):
-        if (
-            quantities[request]
-            and quantities[limit]
-            and _quantity(quantities[request]) > _quantity(quantities[limit])
-        ):
+        if quantities[request] and quantities[limit] and _quantity(quantities[request]) > _quantity(quantities[limit]):
             raise _fail(
                 f"KERNEL_{request.upper()}",
                 quantities[request],
@@ -364,9 +352,7 @@ def resolve_replica_request(spec: ReplicaSpec, settings: PodSettings) -> Replica
     if pick("KERNEL_UID", "uid") != "":
         uid = _check_int("KERNEL_UID", pick("KERNEL_UID", "uid"), 0, _MAX_ID)
         if uid in settings.prohibited_uids:
-            raise _fail(
-                "KERNEL_UID", uid, "is prohibited by this gateway", "run the kernel as an unprivileged user"
-            )
+            raise _fail("KERNEL_UID", uid, "is prohibited by this gateway", "run the kernel as an unprivileged user")
     if pick("KERNEL_GID", "gid") != "":
         gid = _check_int("KERNEL_GID", pick("KERNEL_GID", "gid"), 0, _MAX_ID)
         if gid in settings.prohibited_gids:
@@ -378,9 +364,7 @@ def resolve_replica_request(spec: ReplicaSpec, settings: PodSettings) -> Replica
             )
     working_dir = str(pick("KERNEL_WORKING_DIR", "working_dir"))
     if working_dir and not working_dir.startswith("/"):
-        raise _fail(
-            "KERNEL_WORKING_DIR", working_dir, "is not an absolute path", "give e.g. '/home/jovyan/work'"
-        )
+        raise _fail("KERNEL_WORKING_DIR", working_dir, "is not an absolute path", "give e.g. '/home/jovyan/work'")
 
     volumes = _structured("kernelspec volumes", config.get("volumes")) + _structured(
         "KERNEL_VOLUMES", env.get("KERNEL_VOLUMES")
@@ -393,21 +377,15 @@ def resolve_replica_request(spec: ReplicaSpec, settings: PodSettings) -> Replica
     node_selector = dict(settings.node_selector)
     extra_selector = config.get("node_selector") or {}
     if not isinstance(extra_selector, Mapping):
-        raise _fail(
-            "kernelspec node_selector", extra_selector, "is not a mapping", 'give e.g. {"gpu-type": "a100"}'
-        )
+        raise _fail("kernelspec node_selector", extra_selector, "is not a mapping", 'give e.g. {"gpu-type": "a100"}')
     node_selector.update({str(k): str(v) for k, v in extra_selector.items()})
-    tolerations = tuple(settings.tolerations) + tuple(
-        _structured("kernelspec tolerations", config.get("tolerations"))
-    )
+    tolerations = tuple(settings.tolerations) + tuple(_structured("kernelspec tolerations", config.get("tolerations")))
 
     launch_timeout = pick("KERNEL_LAUNCH_TIMEOUT", "launch_timeout", settings.launch_timeout)
     try:
         timeout = float(launch_timeout)
     except (TypeError, ValueError):
-        raise _fail(
-            "KERNEL_LAUNCH_TIMEOUT", launch_timeout, "is not a number", "give seconds, e.g. 300"
-        ) from None
+        raise _fail("KERNEL_LAUNCH_TIMEOUT", launch_timeout, "is not a number", "give seconds, e.g. 300") from None
     if timeout <= 0:
         raise _fail("KERNEL_LAUNCH_TIMEOUT", launch_timeout, "must be positive", "give seconds, e.g. 300")
 
@@ -473,14 +451,14 @@ def replica_selector(kernel_id: str | None = None) -> str:
 # --- pods ---------------------------------------------------------------------------------------------------
 
 
-def _replica_env(
-    spec: ReplicaSpec, request: ReplicaPodRequest, settings: PodSettings
-) -> list[dict[str, Any]]:
+def _replica_env(spec: ReplicaSpec, request: ReplicaPodRequest, settings: PodSettings) -> list[dict[str, Any]]:
     ours: dict[str, str] = {
-        "NOTEBOOKOS_KERNEL_ID": spec.kernel_id,
-        "NOTEBOOKOS_REPLICA_ID": spec.replica_id,
-        "NOTEBOOKOS_ETCD_ENDPOINTS": settings.etcd_endpoints,
-        "NOTEBOOKOS_OBJECT_STORE_URL": settings.object_store_url,
+        protocol.ENV_KERNEL_ID: spec.kernel_id,
+        protocol.ENV_REPLICA_ID: spec.replica_id,
+        protocol.ENV_ETCD_ENDPOINTS: settings.etcd_endpoints,
+        protocol.ENV_OBJECT_STORE_URL: settings.object_store_url,
+        # Bind on every interface of the pod; the router connects to the pod IP (advertised below).
+        protocol.ENV_IP: "0.0.0.0",
         "KERNEL_ID": spec.kernel_id,
         "KERNEL_GPUS": str(request.gpus),
         "KERNEL_NAMESPACE": request.namespace,
@@ -504,10 +482,10 @@ def _replica_env(
     env: list[dict[str, Any]] = [{"name": n, "value": v} for n, v in sorted({**passed, **ours}.items())]
     # The node and pod are known only once scheduled: take them from the downward API.
     for name, path in (
-        ("NOTEBOOKOS_HOST", "spec.nodeName"),
-        ("NOTEBOOKOS_POD_NAME", "metadata.name"),
+        (protocol.ENV_HOST, "spec.nodeName"),
+        (protocol.ENV_POD_NAME, "metadata.name"),
         ("NOTEBOOKOS_POD_NAMESPACE", "metadata.namespace"),
-        ("NOTEBOOKOS_POD_IP", "status.podIP"),
+        (protocol.ENV_ADVERTISE_IP, "status.podIP"),
     ):
         env.append({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}})
     return env
@@ -518,9 +496,7 @@ def _node_pin(node: str) -> dict[str, Any]:
     # anti-affinity and resources are still checked and a misfit shows as FailedScheduling, unlike nodeName.
     return {
         "requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [
-                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-            ]
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
         }
     }
 
@@ -677,9 +653,7 @@ def make_placeholder_pod(name: str, settings: PlaceholderSettings) -> dict[str, 
             "for a whole GPU node for the autoscaler to add one"
         )
     labels = common_labels(
-        PodSettings(
-            namespace=settings.namespace, instance=settings.instance, extra_labels=settings.extra_labels
-        ),
+        PodSettings(namespace=settings.namespace, instance=settings.instance, extra_labels=settings.extra_labels),
         PLACEHOLDER_COMPONENT,
     )
     gpus = str(settings.gpus_per_node)
@@ -723,9 +697,7 @@ def make_placeholder_pod(name: str, settings: PlaceholderSettings) -> dict[str, 
 PLACEHOLDER_PRIORITY = -10
 
 
-def make_priority_class(
-    name: str = "notebookos-placeholder", value: int = PLACEHOLDER_PRIORITY
-) -> dict[str, Any]:
+def make_priority_class(name: str = "notebookos-placeholder", value: int = PLACEHOLDER_PRIORITY) -> dict[str, Any]:
     """The PriorityClass of placeholder pods: below everything, and never preempting."""
     check_dns1123_subdomain("priority class name", name)
     return {

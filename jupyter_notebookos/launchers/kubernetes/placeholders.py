@@ -144,9 +144,7 @@ class PlaceholderPool(LoggingConfigurable):
                 continue
             node = (pod.get("spec") or {}).get("nodeName") or None
             found.append(
-                Placeholder(
-                    name=str(meta.get("name")), node=node, phase=str(pod_status.get("phase") or "Pending")
-                )
+                Placeholder(name=str(meta.get("name")), node=node, phase=str(pod_status.get("phase") or "Pending"))
             )
         return sorted(found, key=lambda p: p.name)
 
@@ -191,9 +189,7 @@ class PlaceholderPool(LoggingConfigurable):
                     if getattr(err, "status", None) == 404:
                         deleted.append(placeholder.name)
                         continue
-                    errors.append(
-                        str(api_error(err, f"delete placeholder {placeholder.name}", self.namespace))
-                    )
+                    errors.append(str(api_error(err, f"delete placeholder {placeholder.name}", self.namespace)))
         pending = sum(p.pending for p in current if p.name not in deleted) + len(created)
         decision = PlaceholderScaling(
             before=len(current),

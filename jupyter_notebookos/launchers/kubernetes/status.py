@@ -80,9 +80,7 @@ def termination_reason(pod: dict[str, Any]) -> str:
         terminated = (container.get("state") or {}).get("terminated") or {}
         if terminated:
             reason = terminated.get("reason") or "Error"
-            detail = (
-                f" (exit code {terminated.get('exitCode')})" if terminated.get("exitCode") is not None else ""
-            )
+            detail = f" (exit code {terminated.get('exitCode')})" if terminated.get("exitCode") is not None else ""
             message = f": {terminated['message']}" if terminated.get("message") else ""
             return f"{reason}{detail}{message}"
     return str(status.get("phase") or "unknown")
