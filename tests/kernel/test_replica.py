@@ -1,0 +1,302 @@
+"""The replica kernel, as the router and the user see it: real etcd, real replica processes, real clients."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, Replica, ReplicaFactory
+
+from jupyter_notebookos.embedded.etcd import EtcdCluster
+from jupyter_notebookos.replication import protocol as p
+from jupyter_notebookos.replication.protocol import CellDirective
+
+# Prints a digest of the user namespace without binding anything in it: values (numpy arrays by dtype,
+# shape and bytes; instances by class and attributes; functions by code), and which names share objects.
+DIGEST = r'''
+exec("""
+import hashlib, types
+import numpy as _np
+from jupyter_notebookos.replication.state import is_user_name
+_ip = get_ipython()
+_names = sorted(n for n, v in ns.items() if is_user_name(n, v, _ip.user_ns_hidden) and not n.startswith('_'))
+def canon(v, depth=0):
+    if depth > 6: return '...'
+    if isinstance(v, _np.ndarray):
+        return ('nd', str(v.dtype), v.shape, hashlib.sha256(v.tobytes()).hexdigest())
+    if isinstance(v, (list, tuple)): return (type(v).__name__, [canon(x, depth + 1) for x in v])
+    if isinstance(v, dict): return ('dict', sorted((repr(k), canon(x, depth + 1)) for k, x in v.items()))
+    if isinstance(v, types.ModuleType): return ('module', v.__name__)
+    if isinstance(v, type): return ('class', v.__qualname__, sorted(k for k in vars(v) if not k.startswith('__')))
+    if isinstance(v, types.FunctionType):
+        return ('fn', v.__qualname__, v.__code__.co_code.hex(), canon(v.__defaults__, depth + 1))
+    if hasattr(v, '__dict__'): return ('obj', type(v).__qualname__, canon(vars(v), depth + 1))
+    return ('repr', repr(v))
+shared = sorted(sorted(g) for g in {frozenset(m for m in _names if ns[m] is ns[n]) for n in _names
+                                   if not isinstance(ns[n], (int, float, str, types.ModuleType))} if len(g) > 1)
+print(hashlib.sha256(repr([(n, canon(ns[n])) for n in _names]).encode()).hexdigest(), _names, shared)
+""", {"ns": globals(), "get_ipython": get_ipython})
+'''
+
+
+def digest(replica: Replica) -> str:
+    cell = replica.execute(DIGEST)
+    assert cell.status == "ok", cell.reply["content"]
+    return cell.stdout.strip()
+
+
+def log_keys(replicas: ReplicaFactory) -> list[int]:
+    items = replicas.etcd.run(replicas.etcd.co.get_prefix(replicas.keys.log_prefix(replicas.kernel_id)))
+    return [replicas.keys.seq_of(kv.key) for kv in items]
+
+
+def test_replica_registers_and_runs_user_code(replicas: ReplicaFactory) -> None:
+    started = time.monotonic()
+    r0 = replicas.start("r0")
+    elapsed = time.monotonic() - started
+    reg = r0.registration
+    assert reg is not None
+    assert elapsed < 5, f"registration took {elapsed:.1f} s"
+    assert (reg.kernel_id, reg.replica_id, reg.host, reg.ip) == (
+        replicas.kernel_id,
+        "r0",
+        "host-r0",
+        "127.0.0.1",
+    )
+    assert reg.pid == r0.proc.pid and reg.lease > 0 and reg.applied_seq == p.FIRST_SEQ - 1
+    assert len({reg.shell_port, reg.iopub_port, reg.stdin_port, reg.control_port, reg.hb_port}) == 5
+
+    cell = r0.execute("print('hello from', 6 * 7)")
+    assert cell.status == "ok" and cell.stdout == "hello from 42\n"
+
+    cell = r0.execute("from IPython.display import HTML, display\ndisplay(HTML('<b>bold</b>'))\n21 * 2")
+    kinds = [(o["msg_type"], sorted(o["content"]["data"])) for o in cell.outputs]
+    assert ("display_data", ["text/html", "text/plain"]) in kinds
+    assert cell.outputs[-1]["content"]["data"]["text/plain"] == "42"
+
+    cell = r0.execute("1 / 0")
+    assert cell.status == "error" and cell.reply["content"]["ename"] == "ZeroDivisionError"
+    assert [o["msg_type"] for o in cell.outputs] == ["error"]
+
+    # Plain requests (no directive) publish nothing, and say who ran them.
+    assert log_keys(replicas) == []
+    assert cell.meta == {"replica": "r0", "host": "host-r0", "gpus": [], "seq": None}
+
+
+def test_directed_cell_publishes_exactly_one_fenced_record(replicas: ReplicaFactory) -> None:
+    r0 = replicas.start("r0")
+    fence = replicas.elect("r0")
+    code = (
+        "import os\nfrom jupyter_notebookos.gpu.binding import current_devices\n"
+        "x = 41\nprint(os.environ['CUDA_VISIBLE_DEVICES'], current_devices())"
+    )
+    cell = r0.execute(code, CellDirective(seq=1, fence=fence, gpus=[1]))
+    assert cell.status == "ok" and cell.stdout == "1 [1]\n"
+    assert cell.meta == {"replica": "r0", "host": "host-r0", "gpus": [1], "seq": 1}
+    record = replicas.wait_record(1)
+    assert (record.kind, record.replica_id, record.msg_id) == (
+        "delta",
+        "r0",
+        cell.reply["parent_header"]["msg_id"],
+    )
+    assert "x" in record.names
+    replicas.wait_applied("r0", 1)
+
+    # GPUs are released after the cell.
+    after = r0.execute("print(repr(os.environ['CUDA_VISIBLE_DEVICES']), current_devices())")
+    assert after.stdout == "'' []\n"
+
+    # A cell that raises still publishes its record (here: what it bound before raising).
+    cell = r0.execute("y = x + 1\nraise ValueError('boom')", CellDirective(seq=2, fence=fence))
+    assert cell.status == "error"
+    assert replicas.wait_record(2).names == ["y"]
+
+    # A stale fence: the record is not written, and the replica's log says why.
+    cell = r0.execute("z = 3", CellDirective(seq=3, fence=fence + 1000))
+    assert cell.status == "ok"
+    deadline = time.monotonic() + 5
+    while "was NOT written" not in r0.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "log record 3 was NOT written" in r0.log()
+    assert "no longer the executor" in r0.log()
+    assert log_keys(replicas) == [1, 2]
+    # It reloads its state from the log: the refused cell's effect is gone.
+    assert r0.execute("print('z' in globals(), y)").stdout == "False 42\n"
+
+
+def test_follower_applies_log_and_executor_can_swap(replicas: ReplicaFactory) -> None:
+    r0 = replicas.start("r0")
+    r1 = replicas.start("r1")
+    fence = replicas.elect("r0")
+    cells = [
+        "import numpy as np\n"
+        "a = b = []\n"
+        "big = np.arange(300_000, dtype=np.float64)\n"  # 2.4 MB: out of band, through the object store
+        "small = np.ones(10)\n"
+        "class Point:\n"
+        "    def __init__(self, x):\n"
+        "        self.x = x\n"
+        "    def norm(self):\n"
+        "        return abs(self.x)\n"
+        "p = Point(-3)\n"
+        "def add(item):\n"
+        "    a.append(item)\n",
+        "b.append(1)\nadd(2)\nbig[0] = 42.0\nq, (r, s) = 1, (2, 3)\nfor i in range(3): pass\n"
+        "total = sum(w for x in range(10) if (w := x) > 5)\n",
+        "del small\np.x = 10\ncounter = {'n': 0}\ndef bump():\n    counter['n'] += 1\nbump(); bump()\n",
+    ]
+    for seq, code in enumerate(cells, start=p.FIRST_SEQ):
+        cell = r0.execute(code, CellDirective(seq=seq, fence=fence))
+        assert cell.status == "ok", cell.reply["content"]
+    replicas.wait_applied("r1", 3)
+    assert digest(r1) == digest(r0)
+    check = "print(a is b, a, type(p) is Point, p.norm(), counter, big[0], 'small' in globals(), w)"
+    assert r1.execute(check).stdout == "True [1, 2] True 10 {'n': 2} 42.0 False 9\n"
+
+    # The executor changes: r1 (it has applied everything) runs seq 4, r0 follows.
+    fence = replicas.elect("r1")
+    cell = r1.execute("big *= 2\np2 = Point(5)\na.append(p2)\nbump()", CellDirective(seq=4, fence=fence))
+    assert cell.status == "ok" and cell.meta["replica"] == "r1"
+    replicas.wait_applied("r0", 4)
+    replicas.wait_applied("r1", 4)
+    assert digest(r0) == digest(r1)
+    out = r0.execute("print(a[-1] is p2, type(p2) is Point, b[-1].norm(), counter['n'], big[0])").stdout
+    assert out == "True True 5 3 84.0\n"
+
+
+def test_new_replica_restores_from_checkpoint_and_log(replicas: ReplicaFactory) -> None:
+    every = {p.ENV_CHECKPOINT_EVERY: "2"}
+    r0 = replicas.start("r0", every)
+    fence = replicas.elect("r0")
+    codes = [
+        "import numpy as np\nm = np.full((512, 512), 3.0)\nlog = []",
+        "log.append(float(m.sum()))",
+        "m[0, 0] = -1\nlog.append('x')",
+        "def f(v):\n    return v + len(log)",
+        "log.append(f(1))",
+    ]
+    for seq, code in enumerate(codes, start=p.FIRST_SEQ):
+        assert r0.execute(code, CellDirective(seq=seq, fence=fence)).status == "ok"
+    replicas.wait_record(5)
+    deadline = time.monotonic() + 5
+    while (
+        replicas.etcd.get(replicas.keys.checkpoint(replicas.kernel_id)) is None
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    pointer = p.CheckpointPointer.from_json(
+        replicas.etcd.get(replicas.keys.checkpoint(replicas.kernel_id)).value
+    )
+    assert pointer.seq >= 2 and pointer.replica_id == "r0"
+    assert min(log_keys(replicas)) > 1, "records covered by the checkpoint are deleted"
+
+    r2 = replicas.start("r2", every)
+    assert r2.registration is not None and r2.registration.applied_seq == 5
+    assert digest(r2) == digest(r0)
+    assert r2.execute("print(log, m[0, 0], f(0))").stdout == "[786432.0, 'x', 3] -1.0 3\n"
+
+
+def test_unpicklable_variable_warns_once_and_cell_succeeds(replicas: ReplicaFactory) -> None:
+    r0 = replicas.start("r0")
+    r1 = replicas.start("r1")
+    fence = replicas.elect("r0")
+    cell = r0.execute(
+        "import threading\nlock = threading.Lock()\nkept = [1, 2]\nprint('ran')", CellDirective(1, fence)
+    )
+    assert cell.status == "ok" and cell.stdout == "ran\n"
+    assert cell.stderr.count("NotebookOS:") == 1, cell.stderr
+    assert "lock" in cell.stderr and "will not survive a failover or migration" in cell.stderr
+    assert "kept" not in cell.stderr.split("(")[0]
+    assert cell.meta["unserializable"] == ["lock"]
+    assert replicas.wait_record(1).unserializable == ["lock"]
+    replicas.wait_applied("r1", 1)
+    out = r1.execute(
+        "print(kept)\ntry:\n    lock.acquire()\nexcept Exception as e:\n    print(type(e).__name__, e)"
+    )
+    assert out.stdout.startswith("[1, 2]\nUnreplicatedValueError variable 'lock' was not replicated")
+
+
+def test_interrupt_reaches_user_code_and_the_cell_still_publishes(replicas: ReplicaFactory) -> None:
+    r0 = replicas.start("r0")
+    fence = replicas.elect("r0")
+    client = r0.connect()
+    msg = client.session.msg(
+        "execute_request",
+        {"code": "import time\nstarted = 1\ntime.sleep(30)", "silent": False},
+        metadata={p.METADATA_KEY: CellDirective(seq=1, fence=fence).to_dict()},
+    )
+    client.shell_channel.send(msg)
+    time.sleep(0.5)
+    interrupt = client.session.msg("interrupt_request", {})
+    client.control_channel.send(interrupt)
+    reply = client.get_shell_msg(timeout=10)
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    assert replicas.wait_record(1).names == ["started", "time"]
+
+
+def test_shutdown_revokes_lease_and_exits(replicas: ReplicaFactory) -> None:
+    r0 = replicas.start("r0")
+    client = r0.connect()
+    client.shutdown()
+    assert r0.proc.wait(timeout=10) == 0
+    assert replicas.etcd.get(replicas.keys.replica(replicas.kernel_id, "r0")) is None
+    assert replicas.etcd.get(replicas.keys.applied(replicas.kernel_id, "r0")) is None
+
+
+def test_etcd_unreachable_at_start_exits_with_one_line(replicas: ReplicaFactory) -> None:
+    env = replicas.env("r0", {p.ENV_ETCD_ENDPOINTS: "127.0.0.1:9"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "jupyter_notebookos.kernel"],
+        env=env,
+        capture_output=True,
+        timeout=30,
+        cwd=REPO,
+    )
+    assert proc.returncode == 3
+    lines = proc.stderr.decode().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("notebookos replica cannot start: Cannot reach etcd at 127.0.0.1:9")
+
+
+def test_replica_exits_when_etcd_goes_away(tmp_path: Path) -> None:
+    cluster = EtcdCluster(tmp_path / "etcd", members=1).start()
+    factory = ReplicaFactory(cluster.endpoints, tmp_path)
+    try:
+        r0 = factory.start("r0")
+        cluster.stop()
+        status = r0.proc.wait(timeout=10)  # lease TTL is 2 s in the tests
+        assert status == 4
+        last = r0.log().strip().splitlines()[-1]
+        assert "NotebookOS replica r0" in last and "stops: etcd has not confirmed lease" in last
+        assert "counts as dead" in last
+    finally:
+        factory.close()
+        cluster.stop()
+
+
+@pytest.mark.parametrize("raw", ["", "[]"])
+def test_no_gpus_configured(raw: str) -> None:
+    from jupyter_notebookos.gpu.binding import HostGpu
+
+    assert HostGpu.parse_env(raw) == []
+
+
+def test_gpu_binding_bookkeeping(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jupyter_notebookos.gpu import binding
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    devices = binding.HostGpu.parse_env(
+        json.dumps([{"index": i, "uuid": f"u{i}", "simulated": True} for i in range(4)])
+    )
+    gpus = binding.GpuBinding(devices)
+    assert binding.current_devices() == [] and binding.os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    assert gpus.bind([2, 3]).devices == [2, 3]
+    assert binding.current_devices() == [2, 3] and binding.os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+    gpus.release({})
+    assert binding.current_devices() == [] and binding.os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    with pytest.raises(ValueError, match=r"GPU\(s\) \[7\] were committed"):
+        gpus.bind([7])
