@@ -14,9 +14,7 @@ from .executor import Blocked
 from .settings import SchedulerSettings
 
 
-def reserve_session(
-    model: ClusterModel, kernel: Kernel, settings: SchedulerSettings
-) -> Placement | PlacementRefused:
+def reserve_session(model: ClusterModel, kernel: Kernel, settings: SchedulerSettings) -> Placement | PlacementRefused:
     """Reservation: place the single replica on the host with the most idle GPUs and hold them."""
     host = model.most_idle_host(kernel.gpus, placeable_only=True)
     if host is None or not host.placeable:
@@ -29,9 +27,7 @@ def reserve_session(
     kernel.hold = (host.name, devices)
     had = host.idle + kernel.gpus
     why = f"reserved for the session on {host.name}, which had {had} of {host.gpus} GPUs idle"
-    return Placement(
-        kernel.kernel_id, kernel.gpus, (ReplicaSlot(kernel.kernel_id, rid, host.name),), why, devices
-    )
+    return Placement(kernel.kernel_id, kernel.gpus, (ReplicaSlot(kernel.kernel_id, rid, host.name),), why, devices)
 
 
 def run_reserved(kernel: Kernel, cell_id: str, requested_at: float, now: float) -> RunCell | Blocked:
@@ -40,9 +36,7 @@ def run_reserved(kernel: Kernel, cell_id: str, requested_at: float, now: float) 
         return Blocked(f"kernel {kernel.kernel_id} holds no reservation (its replica was lost)", True)
     rid, host_name = next(iter(kernel.replicas.items()))
     devices = kernel.hold[1]
-    kernel.running = Cell(
-        kernel.kernel_id, cell_id, rid, host_name, devices, requested_at, now, owns_devices=False
-    )
+    kernel.running = Cell(kernel.kernel_id, cell_id, rid, host_name, devices, requested_at, now, owns_devices=False)
     kernel.last_executor = rid
     detail = f"reserved: the session holds {len(devices)} GPUs on {host_name} for its life"
     return RunCell(

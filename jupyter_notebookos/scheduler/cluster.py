@@ -343,9 +343,7 @@ class ClusterModel:
         """Names of the runnable hosts with exactly ``idle`` idle GPUs."""
         return self._by_idle[idle] if 0 <= idle < len(self._by_idle) else ()
 
-    def most_idle_host(
-        self, min_idle: int, exclude: Collection[str] = (), placeable_only: bool = False
-    ) -> Host | None:
+    def most_idle_host(self, min_idle: int, exclude: Collection[str] = (), placeable_only: bool = False) -> Host | None:
         """The runnable host with the most idle GPUs (at least ``min_idle``), skipping ``exclude``."""
         for idle in range(len(self._by_idle) - 1, min_idle - 1, -1):
             for name in self._by_idle[idle]:

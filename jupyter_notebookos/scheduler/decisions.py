@@ -276,9 +276,7 @@ class CellFinished(Decision):
     def __str__(self) -> str:
         if self.was_queued:
             return f"cell {self.cell_id} of kernel {self.kernel_id} left the queue before running"
-        retired = (
-            f", retired batch replica r{self.retired_replica}" if self.retired_replica is not None else ""
-        )
+        retired = f", retired batch replica r{self.retired_replica}" if self.retired_replica is not None else ""
         return (
             f"cell {self.cell_id} of kernel {self.kernel_id} finished after {self.ran_s:.3f}s at "
             f"{self.host}: released {_devices(self.released_devices)}{retired}"

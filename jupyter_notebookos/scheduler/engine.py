@@ -93,12 +93,8 @@ class Scheduler(Configurable):
         help="Autoscaling: target hosts = ceil(committed GPUs x this / gpus_per_host) + idle_host_buffer.",
     ).tag(config=True)
     min_hosts = Int(3, help="Autoscaling never goes below this many hosts.").tag(config=True)
-    idle_host_buffer = Int(1, help="Autoscaling keeps this many hosts' worth of idle GPUs spare.").tag(
-        config=True
-    )
-    max_scale_in_per_round = Int(1, help="Most hosts one autoscaling round drains for scale-in.").tag(
-        config=True
-    )
+    idle_host_buffer = Int(1, help="Autoscaling keeps this many hosts' worth of idle GPUs spare.").tag(config=True)
+    max_scale_in_per_round = Int(1, help="Most hosts one autoscaling round drains for scale-in.").tag(config=True)
     scale_in_delay_s = Float(
         60.0,
         help="Seconds the cluster must stay above its target before a scale-in round drains a host.",
@@ -124,16 +120,12 @@ class Scheduler(Configurable):
         self.settings = self._snapshot()
         self.model = ClusterModel()
         self.queue = CellQueue()
-        self.ratio = ClusterRatio(
-            self.settings.subscription_ratio_cap, self.settings.subscription_ratio_half_life_s
-        )
+        self.ratio = ClusterRatio(self.settings.subscription_ratio_cap, self.settings.subscription_ratio_half_life_s)
         self._over_since: float | None = None
         self._restore(hosts, kernels, replicas, running)
 
     def _snapshot(self) -> SchedulerSettings:
-        return SchedulerSettings(
-            **{name: getattr(self, name) for name in SchedulerSettings.__dataclass_fields__}
-        )
+        return SchedulerSettings(**{name: getattr(self, name) for name in SchedulerSettings.__dataclass_fields__})
 
     @observe(All)
     def _knob_changed(self, change: Any) -> None:
@@ -164,9 +156,7 @@ class Scheduler(Configurable):
         for c in running:
             kernel = model.kernels.get(c.kernel_id)
             if kernel is None or c.replica_id not in kernel.replicas or kernel.running is not None:
-                raise ValueError(
-                    f"running cell {c.cell_id}: unknown kernel or replica, or kernel already busy"
-                )
+                raise ValueError(f"running cell {c.cell_id}: unknown kernel or replica, or kernel already busy")
             host = model.hosts[kernel.replicas[c.replica_id]]
             model.commit_ids(host, c.device_ids)
             kernel.running = Cell(
@@ -191,9 +181,7 @@ class Scheduler(Configurable):
         elif self.settings.policy == "batch":
             decision = Placement(kernel_id, gpus, (), "batch policy: a fresh replica starts for each cell")
         else:
-            decision = place_replicas(
-                self.model, kernel, self.settings.replicas, self.ratio.limit, self.settings
-            )
+            decision = place_replicas(self.model, kernel, self.settings.replicas, self.ratio.limit, self.settings)
         if isinstance(decision, PlacementRefused):
             self.model.remove_kernel(kernel)
         self._tick(now)
@@ -207,9 +195,7 @@ class Scheduler(Configurable):
         self._tick(now)
         missing = self.settings.replicas - len(kernel.replicas)
         if missing <= 0:
-            return Ignored(
-                "place missing replicas", f"kernel {kernel_id} has all {len(kernel.replicas)} replicas"
-            )
+            return Ignored("place missing replicas", f"kernel {kernel_id} has all {len(kernel.replicas)} replicas")
         if self.settings.policy == "reservation":
             return reserve_session(self.model, kernel, self.settings)
         decision = place_replicas(self.model, kernel, missing, self.ratio.limit, self.settings, "replacement")
@@ -268,9 +254,7 @@ class Scheduler(Configurable):
         if kernel.running is not None or self.queue.has(kernel_id):
             busy = kernel.running.cell_id if kernel.running is not None else "an earlier queued cell"
             pos = self.queue.push(QueuedCell(kernel_id, cell_id, need, now), kernel.running is not None)
-            return WaitInQueue(
-                kernel_id, cell_id, need, pos, f"kernel {kernel_id} is busy with {busy}", False
-            )
+            return WaitInQueue(kernel_id, cell_id, need, pos, f"kernel {kernel_id} is busy with {busy}", False)
         decision = self._try_start(kernel, cell_id, need, now, now)
         if isinstance(decision, Blocked):
             pos = self.queue.push(QueuedCell(kernel_id, cell_id, need, now), False)
@@ -332,9 +316,7 @@ class Scheduler(Configurable):
         self._tick(now)
         return decision
 
-    def replica_added(
-        self, kernel_id: str, replica_id: int, host: str, now: float
-    ) -> ReplicaRecorded | ReplicaRefused:
+    def replica_added(self, kernel_id: str, replica_id: int, host: str, now: float) -> ReplicaRecorded | ReplicaRefused:
         """Record a replica the caller started itself (validated like a migration target)."""
         kernel = self.model.kernels.get(kernel_id)
         if kernel is None:
@@ -362,6 +344,10 @@ class Scheduler(Configurable):
             return MigrationRefused(kernel_id, replica_id, target, f"unknown replica (replicas: {known})")
         if replica_id in kernel.moving:
             return MigrationRefused(kernel_id, replica_id, target, "this replica is already migrating")
+        if kernel.hold is not None:
+            return MigrationRefused(
+                kernel_id, replica_id, target, f"it holds GPUs reserved for the session on {kernel.hold[0]}"
+            )
         if kernel.running is not None and kernel.running.replica_id == replica_id:
             return MigrationRefused(
                 kernel_id,
@@ -379,9 +365,7 @@ class Scheduler(Configurable):
         else:
             found = migration.best_target(self.model, kernel, cap, replicas)
             if found is None:
-                return MigrationRefused(
-                    kernel_id, replica_id, None, "no other host accepts a replica of this kernel"
-                )
+                return MigrationRefused(kernel_id, replica_id, None, "no other host accepts a replica of this kernel")
             host, why = found, f"requested; {found.name} is the least subscribed host that accepts it"
         plan = migration.begin(self.model, kernel, replica_id, host, "request", why)
         self._tick(now)
@@ -462,9 +446,7 @@ class Scheduler(Configurable):
         if host is None:
             return Ignored("cordon host", f"unknown host {name}")
         self.model.set_cordoned(host, cordoned)
-        return HostChanged(
-            name, "cordoned" if cordoned else "uncordoned", f"{len(host.replicas)} replicas stay"
-        )
+        return HostChanged(name, "cordoned" if cordoned else "uncordoned", f"{len(host.replicas)} replicas stay")
 
     def drain_host(self, name: str, now: float) -> DrainPlan | Ignored:
         """Empty a host by migration; replicas running a cell are listed as stuck (drain again later)."""
@@ -481,6 +463,9 @@ class Scheduler(Configurable):
                 continue  # an incoming move, or already leaving
             if kernel.running is not None and kernel.running.replica_id == rid:
                 stuck.append(f"r{rid} of {kernel_id} is running cell {kernel.running.cell_id}")
+                continue
+            if kernel.hold is not None:
+                stuck.append(f"r{rid} of {kernel_id} holds GPUs reserved for its session")
                 continue
             target = migration.best_target(self.model, kernel, cap, replicas)
             if target is None:
@@ -548,10 +533,7 @@ class Scheduler(Configurable):
         largest = max(self.model.max_host_gpus, self.settings.gpus_per_host)
         if gpus <= largest:
             return ""
-        return (
-            f"it asks for {gpus} GPUs but the largest host has {largest}; "
-            f"set KERNEL_GPUS to {largest} or fewer"
-        )
+        return f"it asks for {gpus} GPUs but the largest host has {largest}; set KERNEL_GPUS to {largest} or fewer"
 
     def _try_start(
         self, kernel: Kernel, cell_id: str, gpus: int, requested_at: float, now: float
@@ -599,14 +581,10 @@ class Scheduler(Configurable):
         self.model.remove_replica(kernel, rid)
         replacement: Placement | PlacementRefused | None = None
         if replace and self.settings.policy == "notebookos":
-            replacement = place_replicas(
-                self.model, kernel, 1, self.ratio.limit, self.settings, "replacement"
-            )
+            replacement = place_replicas(self.model, kernel, 1, self.ratio.limit, self.settings, "replacement")
         elif replace and self.settings.policy == "reservation":
             replacement = reserve_session(self.model, kernel, self.settings)
-        return ReplicaLost(
-            ReplicaSlot(kernel.kernel_id, rid, host), failed_cell, failed_migration, replacement
-        )
+        return ReplicaLost(ReplicaSlot(kernel.kernel_id, rid, host), failed_cell, failed_migration, replacement)
 
 
 __all__ = ["Decision", "Scheduler"]

@@ -44,9 +44,7 @@ def choose_executor(
         prev_host = hosts[kernel.replicas[previous]]
         if prev_host.runnable and prev_host.idle >= gpus:
             detail = f"sticky: previous executor's host {prev_host.name} has {_idle_text(prev_host)}"
-            return _run(
-                model, kernel, cell_id, previous, prev_host, gpus, requested_at, now, "sticky", detail
-            )
+            return _run(model, kernel, cell_id, previous, prev_host, gpus, requested_at, now, "sticky", detail)
 
     best: tuple[int, Host] | None = None
     for rid, host_name in kernel.replicas.items():
@@ -58,10 +56,7 @@ def choose_executor(
     if best is not None:
         rid, host = best
         if prev_host is not None:
-            why = (
-                f"previous executor's host {prev_host.name} has {_idle_text(prev_host)}, "
-                f"{host.name} has {host.idle}"
-            )
+            why = f"previous executor's host {prev_host.name} has {_idle_text(prev_host)}, {host.name} has {host.idle}"
         else:
             why = f"{host.name} has the most idle GPUs of the kernel's hosts ({_idle_text(host)})"
         return _run(model, kernel, cell_id, rid, host, gpus, requested_at, now, "most-idle", why)
@@ -113,6 +108,4 @@ def _run(
     devices = model.commit(host, gpus)
     kernel.running = Cell(kernel.kernel_id, cell_id, replica_id, host.name, devices, requested_at, now)
     kernel.last_executor = replica_id
-    return RunCell(
-        kernel.kernel_id, cell_id, replica_id, host.name, gpus, devices, reason, detail, now - requested_at
-    )
+    return RunCell(kernel.kernel_id, cell_id, replica_id, host.name, gpus, devices, reason, detail, now - requested_at)

@@ -37,9 +37,7 @@ def place_replicas(
         return _refusal(model, kernel, count, len(hosts), exclude, limit, settings)
     ratios = ", ".join(f"{ratio_after(h, gpus, replicas):.2f}" for h in hosts)
     slots = tuple(ReplicaSlot(kernel.kernel_id, model.add_replica(kernel, h), h.name) for h in hosts)
-    return Placement(
-        kernel.kernel_id, gpus, slots, f"{why} (ratios after placement {ratios}; limit {limit:.2f})"
-    )
+    return Placement(kernel.kernel_id, gpus, slots, f"{why} (ratios after placement {ratios}; limit {limit:.2f})")
 
 
 def _refusal(
