@@ -135,7 +135,7 @@ def _drain(
         kernel = model.kernels[kernel_id]
         target = (
             None
-            if rid in kernel.moving
+            if rid in kernel.moving or kernel.hold is not None
             else migration.best_target(model, kernel, cap, settings.replicas, leaving | {host.name})
         )
         if target is None:
