@@ -81,24 +81,36 @@ class KernelSocket:
         """Run `code`; return the messages of that request (until both reply and idle) and the seconds taken."""
         started = time.monotonic()
         msg_id = self.send("execute_request", {"code": code, "silent": False, "store_history": False})
+        return self.collect(msg_id, timeout), time.monotonic() - started
+
+    def collect(self, msg_id: str, timeout: float = 30) -> list[dict[str, Any]]:
+        """The messages answering request `msg_id` (sent on this or an earlier connection of this session),
+        until both its reply and its iopub idle status have arrived."""
         messages: list[dict[str, Any]] = []
         replied = idle = False
-        self.ws.settimeout(timeout)
+        deadline = time.monotonic() + timeout
         while not (replied and idle):
-            raw = self.ws.recv()
-            msg = json.loads(raw)
+            self.ws.settimeout(max(0.01, deadline - time.monotonic()))
+            msg = json.loads(self.ws.recv())
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             messages.append(msg)
             msg_type = msg["header"]["msg_type"]
             # iopub's idle may arrive before the shell reply: wait for both, in any order.
-            replied = replied or msg_type == "execute_reply"
+            replied = replied or msg_type.endswith("_reply")
             idle = idle or (msg_type == "status" and msg["content"]["execution_state"] == "idle")
-        return messages, time.monotonic() - started
+        return messages
 
     def close(self) -> None:
         """Close the websocket."""
         self.ws.close()
+
+
+def connections(url: str, token: str, kernel_id: str) -> int:
+    """How many websocket connections the gateway counts for a kernel."""
+    response = requests.get(f"{url}/api/kernels/{kernel_id}", headers={"Authorization": f"token {token}"}, timeout=10)
+    response.raise_for_status()
+    return int(response.json()["connections"])
 
 
 def stdout_of(messages: list[dict[str, Any]]) -> str:
