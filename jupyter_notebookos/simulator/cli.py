@@ -343,7 +343,8 @@ def _run(args: argparse.Namespace, err: Console) -> int:
         write_json(document, sys.stdout)
     else:
         out = Console()
-        write_table(document, out if out.is_terminal else Console(width=160), title=title)
+        late = {name: m.late_causes for name, m in runs.items()}
+        write_table(document, out if out.is_terminal else Console(width=160), title=title, late=late)
     return 0
 
 

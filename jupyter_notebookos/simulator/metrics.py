@@ -78,6 +78,7 @@ class PolicyMetrics:
     restores: int = 0
     end_s: float = 0.0
     decision_counts: dict[str, int] = field(default_factory=dict)
+    late_causes: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def start(cls, policy: str, t0: float, measure_start_s: float, measure_end_s: float) -> PolicyMetrics:
@@ -85,11 +86,18 @@ class PolicyMetrics:
         lo, hi = measure_start_s, measure_end_s
         return cls(policy, lo, hi, Level(lo, hi, t0), Level(lo, hi, t0), Level(lo, hi, t0))
 
-    def record_start(self, submit_s: float, start_s: float) -> None:
-        """A task started executing; its delay counts if it was submitted inside the measured interval."""
+    def record_start(self, submit_s: float, start_s: float, cause: str = "") -> None:
+        """A task started executing; its delay counts if it was submitted inside the measured interval.
+
+        `cause` says what it waited for; cells later than `IMMEDIATE_S` are counted by cause.
+        """
         self.tasks_run += 1
         if self.measure_start_s <= submit_s < self.measure_end_s:
-            self.delays_s.append(start_s - submit_s)
+            delay = start_s - submit_s
+            self.delays_s.append(delay)
+            if delay > IMMEDIATE_S:
+                key = cause or "other"
+                self.late_causes[key] = self.late_causes.get(key, 0) + 1
 
     def close(self, now: float) -> None:
         """End of the run: integrate every level up to `now`."""

@@ -35,8 +35,10 @@ def write_json(document: dict[str, Any], out: TextIO) -> None:
     out.write(json.dumps(document, sort_keys=False) + "\n")
 
 
-def write_table(document: dict[str, Any], console: Console, title: str = "") -> None:
-    """Print the run as a table: one row per policy."""
+def write_table(
+    document: dict[str, Any], console: Console, title: str = "", late: dict[str, dict[str, int]] | None = None
+) -> None:
+    """Print the run as a table: one row per policy; then, per policy, what cells over 1 s waited for."""
     window = document["window"]
     caption = (
         f"window: hour {window['start_hour']:g} + {window['hours']:g} h, {window['sessions']} sessions, "
@@ -77,3 +79,8 @@ def write_table(document: dict[str, Any], console: Console, title: str = "") -> 
             f"{p['scale_outs']}/{p['scale_ins']}",
         )
     console.print(table)
+    for name, causes in (late or {}).items():
+        if causes:
+            ranked = sorted(causes.items(), key=lambda kv: -kv[1])
+            text = ", ".join(f"{cause}: {count}" for cause, count in ranked)
+            console.print(f"{name}: cells later than 1 s waited for {text}", highlight=False)

@@ -89,7 +89,7 @@ class SimulationConfig:
 
 
 class _SessionState:
-    __slots__ = ("active", "held", "kernel_ready", "outstanding", "placed", "stopped", "submit_at")
+    __slots__ = ("active", "causes", "held", "kernel_ready", "outstanding", "placed", "stopped", "submit_at")
 
     def __init__(self, tasks: int) -> None:
         self.active = False
@@ -99,6 +99,7 @@ class _SessionState:
         self.held: list[int] = []  # task indexes submitted before the kernel could take them
         self.outstanding = tasks  # tasks not yet finished (or rejected)
         self.submit_at = 0.0  # when the session's current cell was submitted
+        self.causes: list[str] = []  # what the current cell waited for, in order
 
 
 class Simulation:
@@ -124,7 +125,8 @@ class Simulation:
         self._state = [_SessionState(len(s.tasks)) for s in workload.sessions]
         self._index = {s.session_id: i for i, s in enumerate(workload.sessions)}
         self._waiting: deque[int] = deque()  # sessions whose placement was refused, FIFO
-        self._claimed = 0  # provisioning hosts already promised to waiting sessions
+        self._session_need: dict[int, int] = {}  # waiting session -> hosts its last refusal was short
+        self._cell_claims = 0  # hosts asked for blocked cells and not yet arrived
         self._provisioning = 0
         self._host_seq = 0
         self._hosts_up = 0
@@ -205,7 +207,7 @@ class Simulation:
 
     def _on_host_ready(self, now: float, a: int, b: int) -> None:
         self._provisioning -= 1
-        self._claimed = max(0, self._claimed - 1)
+        self._cell_claims = max(0, self._cell_claims - 1)
         self._hosts_up -= 1  # _add_host counts it again
         self._add_host(now)
         self._retry_waiting(now)
@@ -248,6 +250,7 @@ class Simulation:
         state = self._state[i]
         decision = self.scheduler.start_kernel(session.session_id, session.gpus, now)
         self._count(decision)
+        self._session_need.pop(i, None)
         if isinstance(decision, Placement):
             state.placed = True
             self.metrics.committed_gpus.set(now, self.scheduler.model.busy)  # Reservation holds GPUs now
@@ -258,18 +261,22 @@ class Simulation:
         if not decision.scale_out_would_help:
             self._reject_session(now, i)
             return True  # nothing to wait for
-        self._claim_hosts(now, max(1, decision.hosts_short))
+        self._session_need[i] = max(1, decision.hosts_short)
+        self._request_hosts(now)
         return False
 
-    def _claim_hosts(self, now: float, need: int) -> None:
-        """Ask for `need` hosts for a blocked kernel or cell, counting unclaimed ones in flight."""
-        unclaimed = self._provisioning - self._claimed
-        if need > unclaimed:
-            self._provision(now, need - unclaimed)
-        self._claimed = min(self._provisioning, self._claimed + need)
+    def _request_hosts(self, now: float) -> None:
+        """Provision what waiting kernels and blocked cells are short, minus the hosts already coming.
+
+        The need is recomputed from the current refusals, so retries never ask twice for the same host.
+        """
+        need = sum(self._session_need.values()) + self._cell_claims
+        if need > self._provisioning:
+            self._provision(now, need - self._provisioning)
 
     def _reject_session(self, now: float, i: int) -> None:
         state = self._state[i]
+        self._session_need.pop(i, None)
         state.stopped = True
         state.placed = False
         self.metrics.rejected_cells += state.outstanding
@@ -304,6 +311,7 @@ class Simulation:
         state = self._state[i]
         if state.placed:
             self._count(self.scheduler.stop_kernel(self._sessions[i].session_id, now))
+        self._session_need.pop(i, None)
         if state.active:
             state.active = False
             self._active -= 1
@@ -320,7 +328,9 @@ class Simulation:
         if state.stopped:
             return
         state.submit_at = now
+        state.causes = []
         if not state.kernel_ready:
+            state.causes.append("kernel start")
             state.held.append(k)
             return
         self._request(now, i, k)
@@ -336,10 +346,14 @@ class Simulation:
         if isinstance(decision, RunCell):
             self._run_cell(now, decision)
         elif isinstance(decision, MigrateThenRun):
+            self._state[self._index[decision.kernel_id]].causes.append("migration")
             self._begin_migration(now, decision.migration)
         elif isinstance(decision, WaitInQueue):
+            cause = "queue (scale-out)" if decision.scale_out_would_help else "queue"
+            self._state[self._index[decision.kernel_id]].causes.append(cause)
             if decision.scale_out_would_help and self.config.scale_out_on_wait:
-                self._claim_hosts(now, 1)
+                self._cell_claims += 1
+                self._request_hosts(now)
         elif isinstance(decision, RejectCell):
             i = self._index[decision.kernel_id]
             self.metrics.rejected_cells += 1
@@ -349,6 +363,7 @@ class Simulation:
         if decision.reason == "fresh-replica":
             overhead = self.costs.batch_cell_overhead_s
             self.metrics.restores += 1
+            self._state[self._index[decision.kernel_id]].causes.append("fresh replica + restore")
         elif decision.reason == "reserved":
             overhead = 0.0  # the session's GPUs are already bound to its only replica
         else:
@@ -357,7 +372,8 @@ class Simulation:
 
     def _on_cell_start(self, now: float, i: int, k: int) -> None:
         task = self._sessions[i].tasks[k]
-        self.metrics.record_start(self._state[i].submit_at, now)
+        state = self._state[i]
+        self.metrics.record_start(state.submit_at, now, " then ".join(dict.fromkeys(state.causes)))
         self.metrics.busy_gpus.add(now, task.gpus)
         self.metrics.committed_gpus.set(now, self.scheduler.model.busy)
         self._push(now + task.duration_s, TASK_END, i, k)
