@@ -305,7 +305,8 @@ class ReplicaAgent:
     async def commit_checkpoint(self, pointer: CheckpointPointer, delete: list[int], fence: int) -> bool:
         """Point the kernel's checkpoint key at ``pointer`` and delete records ``delete``, in one txn.
 
-        Fenced like a publication, and refused if a newer checkpoint is already in place.
+        Fenced like a publication; refused if a newer checkpoint is already in place, or if the record the
+        checkpoint covers is not in the log (its publication is still under way, or was refused).
         """
         co = self._co()
         key = self.keys.checkpoint(self.kid)
@@ -316,6 +317,7 @@ class ReplicaAgent:
             compare=[
                 Compare.create_revision(self.keys.executor(self.kid), "==", fence),
                 Compare.mod_revision(key, "==", current.mod_revision if current is not None else 0),
+                Compare.present(self.keys.log_record(self.kid, pointer.seq)),
             ],
             success=[Op.put(key, pointer.to_json())]
             + [Op.delete(self.keys.log_record(self.kid, s)) for s in delete],

@@ -60,6 +60,15 @@ def _sigint_deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def _log_failure(what: str) -> Any:
+    def check(future: concurrent.futures.Future[Any]) -> None:
+        exc = future.exception()
+        if exc is not None:  # a failed checkpoint costs etcd space, never state
+            log.warning("%s failed: %s: %s", what, type(exc).__name__, exc)
+
+    return check
+
+
 @dataclass
 class _Cell:
     """The directed cell being handled."""
@@ -94,8 +103,13 @@ class ReplicaKernel(IPythonKernel):
         self._records: dict[int, LogRecord] = {}
         self._record_arrived = asyncio.Event()
         self._cell: _Cell | None = None
-        self._publishing: concurrent.futures.Future[PublishOutcome] | None = None
+        # The last publication's upload (the namespace must not change before it completes).
+        self._uploading: concurrent.futures.Future[None] | None = None
+        self._in_flight: set[concurrent.futures.Future[PublishOutcome]] = set()
         self._needs_resync = False
+        self._last_fence = 0
+        self._checkpoint_seq = FIRST_SEQ - 1  # the latest checkpoint this replica knows of
+        self._next_checkpoint_check = FIRST_SEQ
 
     # -- restore ---------------------------------------------------------------------------------------
 
@@ -104,6 +118,7 @@ class ReplicaKernel(IPythonKernel):
         the log was read at (watch from the next one)."""
         snapshot = self.agent.read_snapshot()
         if snapshot.checkpoint is not None:
+            self._checkpoint_seq = snapshot.checkpoint.seq
             record = self.statelog.read_checkpoint(snapshot.checkpoint)
             self.tracker.apply(record, self.statelog.store)
             self.applied = snapshot.checkpoint.seq
@@ -194,29 +209,30 @@ class ReplicaKernel(IPythonKernel):
                 await asyncio.wait_for(self._record_arrived.wait(), min(remaining, 1.0))
 
     async def _quiesce(self) -> None:
-        """Wait for this replica's last publication (the namespace is being uploaded until then)."""
-        future = self._publishing
+        """Wait until the namespace may change: the last publication's buffers are uploaded (they are views
+        of the user's objects until then), and a refused publication has been repaired."""
+        future = self._uploading
         if future is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wrap_future(future)
-            self._settle(future)
+            if self._uploading is future:
+                self._uploading = None
         if self._needs_resync:
             self._resync()
 
-    def _settle(self, future: concurrent.futures.Future[PublishOutcome]) -> None:
-        if self._publishing is not future:
-            return
-        self._publishing = None
+    def _on_published(self, future: concurrent.futures.Future[PublishOutcome]) -> None:
+        """A publication finished (main loop): note the outcome; a refused one means the namespace is wrong."""
+        self._in_flight.discard(future)
         try:
             outcome = future.result()
         except Exception as exc:
-            log.error("publishing the state record failed: %s", exc)
+            log.error("publishing a state record failed: %s; reloading the state from the log", exc)
             self._needs_resync = True
+            self.schedule_dispatch(self._quiesce)
             return
         if outcome.written:
-            if outcome.seq > self.applied:
-                self.applied = outcome.seq
-            self._apply_pending()
+            if outcome.seq - self._checkpoint_seq >= self.settings.checkpoint_every:
+                self.schedule_dispatch(self._maybe_checkpoint, outcome.seq)
             return
         log.error(
             "log record %d was NOT written: %s. This replica's namespace now differs from the log; it "
@@ -225,6 +241,7 @@ class ReplicaKernel(IPythonKernel):
             outcome.reason,
         )
         self._needs_resync = True
+        self.schedule_dispatch(self._quiesce)
 
     def _resync(self) -> None:
         """Reload the namespace from the checkpoint and the log (after a refused publication)."""
@@ -282,49 +299,87 @@ class ReplicaKernel(IPythonKernel):
             self._start_publication(cell.directive, msg_id, pending)
 
     def _start_publication(self, directive: CellDirective, msg_id: str, pending: PendingDelta) -> None:
+        """Upload and publish record ``directive.seq`` in the background.
+
+        The namespace already holds the cell's effects, so the record counts as applied here at once (the
+        publication transaction reports it to etcd); the next cell waits only for the upload.
+        """
         statelog, agent = self.statelog, self.agent
-        settings = self.settings
-        ns = self.namespace
-        names = self.tracker.user_names
+        uploaded: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.applied = max(self.applied, directive.seq)
+        self._last_fence = directive.fence
 
         async def publish() -> PublishOutcome:
             loop = asyncio.get_running_loop()
             started = time.perf_counter()
-            record = await loop.run_in_executor(None, statelog.finish, pending, directive.seq, msg_id)
+            try:
+                record = await loop.run_in_executor(None, statelog.finish, pending, directive.seq, msg_id)
+            finally:
+                uploaded.set_result(None)
+            uploaded_ms = (time.perf_counter() - started) * 1e3
             outcome = await agent.publish(record, directive.fence)
             log.info(
-                "record %d (%d names, %d buffers) %s in %.1f ms%s",
+                "record %d (%d names, %d buffers) %s in %.1f ms (upload %.1f ms)%s",
                 directive.seq,
                 len(record.names),
                 len(pending.views),
                 "published" if outcome.written else "refused",
                 (time.perf_counter() - started) * 1e3,
+                uploaded_ms,
                 "" if outcome.written else f": {outcome.reason}",
             )
-            if outcome.written:
-                try:
-                    delete = await agent.checkpoint_due(directive.seq, settings.checkpoint_every)
-                    if delete is not None:
-                        pointer = await loop.run_in_executor(
-                            None,
-                            statelog.write_checkpoint,
-                            ns,
-                            names(),
-                            directive.seq,
-                            settings.buffer_threshold,
-                        )
-                        done = await agent.commit_checkpoint(pointer, delete, directive.fence)
-                        log.info(
-                            "checkpoint at seq %d %s", directive.seq, "written" if done else "not needed"
-                        )
-                except Exception as exc:  # a failed checkpoint costs etcd space, never state
-                    log.warning("checkpoint at seq %d failed: %s", directive.seq, exc)
             return outcome
 
         future = agent.thread.submit(publish())
-        self._publishing = future
+        self._uploading = uploaded
+        self._in_flight.add(future)
         loop = self.io_loop
-        future.add_done_callback(lambda f: loop.add_callback(self._settle, f))
+        assert loop is not None
+        future.add_done_callback(lambda f: loop.add_callback(self._on_published, f))
+
+    async def _maybe_checkpoint(self, seq: int) -> None:
+        """Checkpoint the namespace if enough log records could then be deleted (a dispatch).
+
+        The namespace is pickled here, between requests; its buffers are uploaded in the background like a
+        record's. The checkpoint transaction is fenced like a publication and requires the record it covers
+        to be in the log.
+        """
+        await self._quiesce()
+        every = self.settings.checkpoint_every
+        seq = self.applied
+        if seq - self._checkpoint_seq < every or seq < self._next_checkpoint_check:
+            return
+        agent, statelog, fence = self.agent, self.statelog, self._last_fence
+        delete = await asyncio.wrap_future(agent.thread.submit(agent.checkpoint_due(seq, every)))
+        if delete is None:
+            self._next_checkpoint_check = seq + max(1, every // 4)  # followers behind: look again later
+            return
+        pending = statelog.serialize_checkpoint(
+            self.namespace, self.tracker.user_names(), self.settings.buffer_threshold
+        )
+        uploaded: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        async def commit() -> bool:
+            loop = asyncio.get_running_loop()
+            started = time.perf_counter()
+            try:
+                pointer = await loop.run_in_executor(None, statelog.finish_checkpoint, pending, seq)
+            finally:
+                uploaded.set_result(None)
+            done = await agent.commit_checkpoint(pointer, delete, fence)
+            log.info(
+                "checkpoint at seq %d %s in %.1f ms (%d records deleted)",
+                seq,
+                "written" if done else "not committed",
+                (time.perf_counter() - started) * 1e3,
+                len(delete) if done else 0,
+            )
+            return done
+
+        self._checkpoint_seq = seq  # do not try again for this stretch, whatever the outcome
+        self._uploading = uploaded
+        future = agent.thread.submit(commit())
+        future.add_done_callback(_log_failure("checkpoint"))
 
     def _reply_error(self, stream: Any, ident: Any, parent: dict[str, Any], ename: str, evalue: str) -> None:
         content = {"status": "error", "ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
@@ -386,12 +441,19 @@ class ReplicaKernel(IPythonKernel):
             )
         finally:
             with _sigint_deferred():
+                captured = time.perf_counter()
                 messages = self.gpus.release(ns).warnings
                 try:
                     delta = self.tracker.after_cell()
                     cell.pending = serialize_delta(delta, self.settings.buffer_threshold)
                     if cell.pending.warning:
                         messages.append(cell.pending.warning)
+                    log.info(
+                        "cell %d: delta of %d names captured and pickled in %.1f ms before the reply",
+                        cell.directive.seq,
+                        len(cell.pending.names),
+                        (time.perf_counter() - captured) * 1e3,
+                    )
                 except Exception as exc:
                     log.exception("capturing the state delta failed")
                     self.tracker.reset()
@@ -430,8 +492,7 @@ class ReplicaKernel(IPythonKernel):
 
     def do_shutdown(self, restart: bool) -> dict[str, Any]:
         """Revoke the lease (registration, applied and GPU keys vanish at once), then stop as usual."""
-        future = self._publishing
-        if future is not None:
+        for future in list(self._in_flight):
             with contextlib.suppress(Exception):
                 future.result(timeout=10)
         self.agent.revoke()

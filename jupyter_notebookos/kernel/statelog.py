@@ -151,17 +151,23 @@ class StateLog:
 
     # -- checkpoints ----------------------------------------------------------------------------------
 
-    def write_checkpoint(
-        self, ns: dict[str, Any], names: Iterable[str], seq: int, threshold: int
-    ) -> CheckpointPointer:
-        """Serialize the namespace's ``names`` as of log record ``seq`` into the store; return its pointer."""
+    @staticmethod
+    def serialize_checkpoint(ns: dict[str, Any], names: Iterable[str], threshold: int) -> PendingDelta:
+        """Pickle the namespace's ``names`` with large buffers as views (upload with finish_checkpoint)."""
+        store = _DeferredStore()
         record = encode_values(
             {n: ns[n] for n in names if n in ns},
             namespace=ns,
-            store=self.store,
+            store=store,  # type: ignore[arg-type]
             kind="checkpoint",
             threshold=threshold,
         )
+        return PendingDelta(record, store.views, sorted(record.bound), [])
+
+    def finish_checkpoint(self, pending: PendingDelta, seq: int) -> CheckpointPointer:
+        """Upload a pickled namespace as the checkpoint for log record ``seq``; returns its pointer."""
+        refs = tuple(self.store.put_buffer(view) for view in pending.views)
+        record = dataclasses.replace(pending.record, buffers=refs)
         ref = self.store.put_checkpoint(seq, record.to_bytes())
         return CheckpointPointer(seq=seq, ref=ref, objects=record.object_keys, replica_id=self.replica_id)
 
