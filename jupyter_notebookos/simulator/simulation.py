@@ -125,7 +125,7 @@ class Simulation:
         self._state = [_SessionState(len(s.tasks)) for s in workload.sessions]
         self._index = {s.session_id: i for i, s in enumerate(workload.sessions)}
         self._waiting: deque[int] = deque()  # sessions whose placement was refused, FIFO
-        self._session_need: dict[int, int] = {}  # waiting session -> hosts its last refusal was short
+        self._session_need: dict[int, tuple[int, int]] = {}  # waiting session -> (hosts short, GPUs short)
         self._cell_claims = 0  # hosts asked for blocked cells and not yet arrived
         self._provisioning = 0
         self._host_seq = 0
@@ -261,7 +261,8 @@ class Simulation:
         if not decision.scale_out_would_help:
             self._reject_session(now, i)
             return True  # nothing to wait for
-        self._session_need[i] = max(1, decision.hosts_short)
+        short = max(1, decision.hosts_short)
+        self._session_need[i] = (short, short * session.gpus)
         self._request_hosts(now)
         return False
 
@@ -269,8 +270,19 @@ class Simulation:
         """Provision what waiting kernels and blocked cells are short, minus the hosts already coming.
 
         The need is recomputed from the current refusals, so retries never ask twice for the same host.
+        Waiting kernels share new hosts: they need as many as the most any one is short, or as many as
+        hold their missing replicas' GPU requests at the subscription cap (NotebookOS) or one-to-one
+        (Reservation), whichever is more. A kernel that still does not fit asks again on its next retry.
         """
-        need = sum(self._session_need.values()) + self._cell_claims
+        need = self._cell_claims
+        if self._session_need:
+            settings = self.scheduler.settings
+            per_host = float(self.costs.gpus_per_host)
+            if self.policy == "notebookos":
+                per_host *= max(1, settings.replicas) * settings.subscription_ratio_cap
+            most_short = max(short for short, _ in self._session_need.values())
+            gpus_short = sum(gpus for _, gpus in self._session_need.values())
+            need += max(most_short, math.ceil(gpus_short / per_host))
         if need > self._provisioning:
             self._provision(now, need - self._provisioning)
 
