@@ -36,6 +36,7 @@ from jupyter_notebookos.scheduler import (
     MigrateThenRun,
     Placement,
     RejectCell,
+    ReplicaLost,
     RunCell,
     Scheduler,
     WaitInQueue,
@@ -72,7 +73,6 @@ class KernelRecord:
     handles: dict[str, ReplicaHandle] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     next_replica: int = 3
-    replacing: set[str] = field(default_factory=set)
 
 
 class GatewayPlatform:
@@ -121,6 +121,7 @@ class GatewayPlatform:
         self.coordinator: Coordinator | None = None
         self._waiting: dict[tuple[str, str], asyncio.Future[RunCell]] = {}
         self._monitor: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         GatewayPlatform._current = self
 
     @classmethod
@@ -277,10 +278,7 @@ class GatewayPlatform:
                 protocol.ENV_IP: "127.0.0.1",
                 protocol.ENV_LEASE_TTL: str(self.replica_lease_ttl),
                 protocol.ENV_GPU_DEVICES: json.dumps(
-                    [
-                        {"index": d.index, "uuid": d.uuid, "simulated": d.simulated}
-                        for d in self.hosts[host].devices
-                    ]
+                    [{"index": d.index, "uuid": d.uuid, "simulated": d.simulated} for d in self.hosts[host].devices]
                 ),
                 "KERNEL_GPUS": str(record.gpus),
             }
@@ -304,28 +302,43 @@ class GatewayPlatform:
             "its processes were stopped. Check etcd and the replica logs."
         )
 
-    async def _on_replica_lost(
-        self, router: ReplicaRouter, registration: ReplicaRegistration, why: str
-    ) -> None:
-        """Replace a lost replica on another host (the scheduler chooses)."""
+    def _on_replica_lost(self, router: ReplicaRouter, registration: ReplicaRegistration, why: str) -> None:
+        """A replica is gone: tell the scheduler now, and start the replacement it places."""
         record = self.kernels.get(router.kernel_id)
-        if record is None or registration.replica_id in record.replacing:
+        if record is None:
             return
-        record.replacing.add(registration.replica_id)
         handle = record.handles.pop(registration.replica_id, None)
-        if handle is not None:
-            with contextlib.suppress(Exception):
-                await self.launcher.stop_replica(handle, now=True)
         decision = self.scheduler.replica_lost(router.kernel_id, int(registration.replica_id), now=self.now())
         self._log_decision(decision)
         self._dispatch()
-        placed = self.scheduler.place_missing_replicas(router.kernel_id, now=self.now())
-        self._log_decision(placed)
-        if isinstance(placed, Placement):
-            for slot in placed.replicas:
-                record.next_replica = max(record.next_replica, slot.replica_id + 1)
+        placed = decision.replacement if isinstance(decision, ReplicaLost) else None
+        if not isinstance(placed, Placement):
+            # No host could take it now (the decision says why); try again whenever capacity changes.
+            retry = self.scheduler.place_missing_replicas(router.kernel_id, now=self.now())
+            self._log_decision(retry)
+            placed = retry if isinstance(retry, Placement) else None
+        task = asyncio.ensure_future(self._replace(record, handle, placed))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _replace(self, record: KernelRecord, dead: ReplicaHandle | None, placed: Placement | None) -> None:
+        if dead is not None:
+            with contextlib.suppress(Exception):
+                await self.launcher.stop_replica(dead, now=True)
+        if placed is None or record.kernel_id not in self.kernels:
+            return
+        for slot in placed.replicas:
+            record.next_replica = max(record.next_replica, slot.replica_id + 1)
+            try:
                 await self._start_replica(record, str(slot.replica_id), slot.host)
-        record.replacing.discard(registration.replica_id)
+            except LaunchError as err:
+                self.log.error(
+                    "kernel %s: could not start replacement replica %s on %s: %s",
+                    record.kernel_id,
+                    slot.replica_id,
+                    slot.host,
+                    err,
+                )
 
     async def _monitor_replicas(self) -> None:
         """Notice dead replica processes quickly: revoke their lease instead of waiting for it to expire."""
@@ -347,9 +360,7 @@ class GatewayPlatform:
 
     async def acquire(self, request: CellRequest, changed: asyncio.Event) -> CellGrant:
         """Ask the scheduler where the cell runs; wait in its queue when no GPUs are free."""
-        decision = self.scheduler.request_cell(
-            request.kernel_id, request.cell_id, now=self.now(), gpus=request.gpus
-        )
+        decision = self.scheduler.request_cell(request.kernel_id, request.cell_id, now=self.now(), gpus=request.gpus)
         self._log_decision(decision)
         if isinstance(decision, RejectCell):
             raise CellRejected(decision.reason)
@@ -429,8 +440,7 @@ class GatewayPlatform:
         ]
         kernels = [self.kernel_summary(kid) for kid in self.kernels]
         queue = [
-            {"kernel_id": q.kernel_id, "cell_id": q.cell_id, "gpus": q.gpus}
-            for q in self.scheduler.queued_cells()
+            {"kernel_id": q.kernel_id, "cell_id": q.cell_id, "gpus": q.gpus} for q in self.scheduler.queued_cells()
         ]
         return {
             "hosts": hosts,
@@ -484,9 +494,7 @@ class GatewayPlatform:
         self.metrics.subscription_ratio.set(snapshot["subscription_ratio"])
         self.metrics.kernels.set(len(snapshot["kernels"]))
         self.metrics.queued_cells.set(len(snapshot["queue"]))
-        self.metrics.gpu_seconds_reserved.set(
-            sum(k["gpu_seconds_held_if_reserved"] for k in snapshot["kernels"])
-        )
+        self.metrics.gpu_seconds_reserved.set(sum(k["gpu_seconds_held_if_reserved"] for k in snapshot["kernels"]))
 
 
 def parse_kernel_gpus(raw: str | None) -> int:

@@ -108,6 +108,8 @@ class PendingCell:
     seq: int = 0
     grant: CellGrant | None = None
     started: float = 0.0
+    began_executing: bool = False  # the executor said "busy" for it: from then on it is never re-sent
+    retry: bool = False
     done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -158,7 +160,7 @@ class ReplicaRouter:
         coordinator: Coordinator,
         planner: CellPlanner,
         settings: RouterSettings | None = None,
-        on_replica_lost: Callable[[ReplicaRouter, ReplicaRegistration, str], Awaitable[None]] | None = None,
+        on_replica_lost: Callable[[ReplicaRouter, ReplicaRegistration, str], None] | None = None,
     ) -> None:
         self.kernel_id = kernel_id
         self.ip = ip
@@ -178,6 +180,7 @@ class ReplicaRouter:
         self.expected: set[str] = set()  # replicas started and not yet gone
         self.state_seq: dict[str, int] = {}  # highest log seq each replica has the state of
         self.log_head = 0  # the last seq handed to a cell
+        self.published_seq = 0  # the highest seq whose record is in the log (or covered by a checkpoint)
         self.executor: str | None = None
         self.fence = 0  # create_revision of the executor key for the current executor
         self.running: PendingCell | None = None
@@ -223,9 +226,7 @@ class ReplicaRouter:
             await self.coordinator.delete_prefix(self.keys.kernel_prefix(self.kernel_id))
         snapshot = await self.coordinator.get_prefix(self.keys.kernel_prefix(self.kernel_id))
         for kv in snapshot:
-            self._apply_event(
-                WatchEvent(EventType.PUT, kv.key, kv.value, kv.mod_revision, kv.create_revision)
-            )
+            self._apply_event(WatchEvent(EventType.PUT, kv.key, kv.value, kv.mod_revision, kv.create_revision))
         self._watch = self.coordinator.watch_prefix(
             self.keys.kernel_prefix(self.kernel_id), start_revision=snapshot.revision + 1
         )
@@ -267,9 +268,7 @@ class ReplicaRouter:
         target = self._target_replica()
         if target is None:
             return
-        msg = self.signer.make(
-            "interrupt_request", {}, self._synthetic_parent("interrupt_request"), idents=[]
-        )
+        msg = self.signer.make("interrupt_request", {}, self._synthetic_parent("interrupt_request"), idents=[])
         await self.links[target].control.send_multipart(msg.frames())
 
     async def close(self) -> None:
@@ -314,9 +313,13 @@ class ReplicaRouter:
             if seq > self.state_seq.get(name, -1):
                 self.state_seq[name] = seq
         elif section == "log" and name and event.type is EventType.PUT:
-            self.log_head = max(self.log_head, self.keys.seq_of(event.key))
+            seq = self.keys.seq_of(event.key)
+            self.log_head = max(self.log_head, seq)
+            self.published_seq = max(self.published_seq, seq)
         elif section == "checkpoint" and event.type is EventType.PUT:
-            self.log_head = max(self.log_head, int(json.loads(event.value).get("seq", 0)))
+            seq = int(json.loads(event.value).get("seq", 0))
+            self.log_head = max(self.log_head, seq)
+            self.published_seq = max(self.published_seq, seq)
         elif section == "executor" and event.type is EventType.DELETE and self.executor is not None:
             self.executor, self.fence = None, 0
         self.changed.set()
@@ -352,23 +355,24 @@ class ReplicaRouter:
         self.expected.discard(rid)
         if registration is None:
             return
-        if self.executor == rid:
+        was_executor = self.executor == rid
+        if was_executor:
             self.executor, self.fence = None, 0
-        cell = self.running
-        if (
-            cell is not None
-            and cell.grant is not None
-            and cell.grant.replica_id == rid
-            and not cell.done.done()
-        ):
-            self._fail_running_cell(cell, registration, why)
         if self.shutting_down:
             if not self.registrations:
                 self.exit_code = 0
             return
         log.warning("kernel %s: replica %s on %s is gone: %s", self.kernel_id, rid, registration.host, why)
+        # The scheduler hears of it before the running cell is failed or retried, so it never picks it again.
         if self.on_replica_lost is not None:
-            self._spawn(self.on_replica_lost(self, registration, why))
+            self.on_replica_lost(self, registration, why)
+        cell = self.running
+        if cell is not None and cell.grant is not None and cell.grant.replica_id == rid and not cell.done.done():
+            self._fail_running_cell(cell, registration, why)
+        elif was_executor and self.published_seq < self.log_head:
+            # It replied to its last cells but died before publishing their records: those cells' state
+            # changes are lost; close their sequence numbers so the other replicas do not wait for them.
+            self._spawn(self._close_lost_seqs(rid))
 
     # -- cells --------------------------------------------------------------------------------------
 
@@ -387,11 +391,25 @@ class ReplicaRouter:
                     self._error_reply(cell, "NotebookOSError", f"NotebookOS could not run this cell: {err}")
 
     async def _run_cell(self, cell: PendingCell) -> None:
+        while True:
+            await self._attempt_cell(cell)
+            if not cell.retry:
+                return
+            # The executor died before it began the cell: nothing ran, so sending it again is safe.
+            log.warning(
+                "kernel %s: cell %s never began on its executor; attempt %d",
+                self.kernel_id,
+                cell.request.msg_id,
+                cell.attempt + 1,
+            )
+            cell.attempt += 1
+            cell.retry, cell.grant, cell.started = False, None, 0.0
+            cell.done = asyncio.get_running_loop().create_future()
+
+    async def _attempt_cell(self, cell: PendingCell) -> None:
         msg_id = cell.request.msg_id
         while True:
-            up_to_date = frozenset(
-                r for r in self.registrations if self.state_seq.get(r, -1) >= self.log_head
-            )
+            up_to_date = frozenset(r for r in self.registrations if self.state_seq.get(r, -1) >= self.log_head)
             request = CellRequest(
                 kernel_id=self.kernel_id,
                 cell_id=msg_id,
@@ -408,6 +426,7 @@ class ReplicaRouter:
                 return
             if grant.replica_id not in self.registrations:
                 self.planner.release(self.kernel_id, msg_id)
+                await asyncio.sleep(0.05)
                 continue  # the replica went away while we waited
             if await self._commit(cell, grant):
                 break
@@ -418,9 +437,7 @@ class ReplicaRouter:
         cell.grant = grant
         cell.started = time.monotonic()
         self.running = cell
-        directive = CellDirective(
-            seq=cell.seq, fence=self.fence, gpus=list(grant.devices), attempt=cell.attempt
-        )
+        directive = CellDirective(seq=cell.seq, fence=self.fence, gpus=list(grant.devices), attempt=cell.attempt)
         metadata = cell.request.metadata()
         metadata[METADATA_KEY] = directive.to_dict()
         forwarded = self.signer.with_metadata(cell.request, metadata)
@@ -511,27 +528,38 @@ class ReplicaRouter:
             )
 
     def _fail_running_cell(self, cell: PendingCell, registration: ReplicaRegistration, why: str) -> None:
+        self._spawn(self._close_lost_seqs(registration.replica_id))
+        if not cell.began_executing:
+            cell.retry = True
+            cell.done.set_result(None)
+            return
         message = (
             f"The replica running this cell ({registration.replica_id} on {registration.host}) stopped: {why}. "
             "This cell was not re-run. The kernel's state as of the previous cell is intact on the other "
             "replicas, and the kernel is back to full strength by itself; run the cell again when ready."
         )
         self._error_reply(cell, "ReplicaLost", message)
-        self._spawn(self._close_lost_seq(cell.seq, cell.request.msg_id, registration.replica_id))
 
-    async def _close_lost_seq(self, seq: int, msg_id: str, replica_id: str) -> None:
-        """Write a ``lost`` record at ``seq`` unless the dead executor published it before it died."""
-        if seq <= 0:
+    async def _close_lost_seqs(self, replica_id: str) -> None:
+        """Write ``lost`` records for every seq a dead executor was given but did not publish."""
+        seqs = range(self.published_seq + 1, self.log_head + 1)
+        if not seqs:
             return
-        record = LogRecord(seq=seq, kind="lost", msg_id=msg_id, replica_id=replica_id)
-        key = self.keys.log_record(self.kernel_id, seq)
+        log.warning(
+            "kernel %s: replica %s died before publishing the state of log records %s; closing them",
+            self.kernel_id,
+            replica_id,
+            ", ".join(map(str, seqs)),
+        )
         try:
+            # A stale executor must not publish after this: its fence (the executor key) goes first.
             await self.coordinator.delete(self.keys.executor(self.kernel_id))
-            await self.coordinator.txn(
-                compare=[Compare.absent(key)], success=[Op.put(key, record.to_json())], failure=[]
-            )
+            for seq in seqs:
+                key = self.keys.log_record(self.kernel_id, seq)
+                record = LogRecord(seq=seq, kind="lost", msg_id="", replica_id=replica_id)
+                await self.coordinator.txn(compare=[Compare.absent(key)], success=[Op.put(key, record.to_json())])
         except CoordinationError as err:
-            log.error("kernel %s: could not close log seq %d: %s", self.kernel_id, seq, err)
+            log.error("kernel %s: could not close log records %s: %s", self.kernel_id, list(seqs), err)
 
     def _error_reply(self, cell: PendingCell, ename: str, evalue: str) -> None:
         """Answer ``cell`` with an error (reply on shell, error and idle on iopub)."""
@@ -562,9 +590,7 @@ class ReplicaRouter:
                 cell.request,
                 idents=[b"kernel.error"],
             )
-            idle = self.signer.make(
-                "status", {"execution_state": "idle"}, cell.request, idents=[b"kernel.status"]
-            )
+            idle = self.signer.make("status", {"execution_state": "idle"}, cell.request, idents=[b"kernel.status"])
             self._spawn(self._send_all(iopub, [error.frames(), idle.frames()]))
         if shell is not None:
             reply = self.signer.make("execute_reply", content, cell.request, metadata=metadata)
@@ -675,13 +701,9 @@ class ReplicaRouter:
                 msg = WireMessage.parse(frames)
                 await handler(link, msg, frames)
             except MalformedMessage as err:
-                log.warning(
-                    "kernel %s: replica %s sent a malformed message: %s", self.kernel_id, link.replica_id, err
-                )
+                log.warning("kernel %s: replica %s sent a malformed message: %s", self.kernel_id, link.replica_id, err)
             except zmq.ZMQError as err:
-                log.warning(
-                    "kernel %s: could not relay from replica %s: %s", self.kernel_id, link.replica_id, err
-                )
+                log.warning("kernel %s: could not relay from replica %s: %s", self.kernel_id, link.replica_id, err)
 
     async def _on_replica_shell(self, link: ReplicaLink, msg: WireMessage, frames: list[bytes]) -> None:
         cell = self.running
@@ -730,6 +752,9 @@ class ReplicaRouter:
         if parent:
             if self._routes.get(parent) != link.replica_id:
                 return
+            cell = self.running
+            if cell is not None and parent == cell.request.msg_id:
+                cell.began_executing = True
         elif link.replica_id != self._target_replica():
             return  # unparented output (e.g. a background thread): from the executor only
         await self._sockets["iopub"].send_multipart(frames)

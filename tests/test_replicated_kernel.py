@@ -1,0 +1,337 @@
+"""NotebookOS kernels end to end: the real gateway, real etcd, real replica processes, through EG's API."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import websocket
+from support import REPO, Platform, free_port, start_platform, stop_platform
+
+from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
+
+KERNEL = "python3-notebookos"
+
+
+def kernel_info(client: GatewayClient, kernel_id: str) -> dict:
+    return dict(client.request("GET", f"/api/notebookos/kernels/{kernel_id}"))
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def ready_replicas(client: GatewayClient, kernel_id: str) -> list[dict]:
+    return [r for r in kernel_info(client, kernel_id)["replicas"] if r["state"] == "ready"]
+
+
+@pytest.fixture
+def kernel(shared_up: Platform) -> Iterator[tuple[GatewayClient, str]]:
+    client = shared_up.client
+    kernel_id = client.start_kernel(KERNEL)
+    try:
+        yield client, kernel_id
+    finally:
+        with contextlib.suppress(GatewayError):
+            client.shutdown_kernel(kernel_id)
+
+
+def test_three_replicas_on_distinct_hosts_and_every_output_exactly_once(kernel: tuple[GatewayClient, str]) -> None:
+    client, kernel_id = kernel
+    info = kernel_info(client, kernel_id)
+    hosts = [r["host"] for r in info["replicas"]]
+    assert len(hosts) == 3 and len(set(hosts)) == 3
+    assert all(r["state"] == "ready" and r["pid"] for r in info["replicas"])
+
+    with client.connect(kernel_id) as conn:
+        result = conn.execute(
+            "from IPython.display import display, HTML\n"
+            "print('out'); import sys; print('err', file=sys.stderr)\n"
+            "display(HTML('<b>bold</b>'))\n"
+            "6 * 7"
+        )
+        assert result.status == "ok"
+        kinds = [o["msg_type"] for o in result.outputs]
+        assert kinds.count("display_data") == 1 and kinds.count("execute_result") == 1
+        assert result.stdout == "out\n" and result.stderr == "err\n"
+        assert result.result_text() == "42"
+        meta = result.notebookos
+        assert set(meta) >= {"replica", "host", "gpus", "queued_ms", "attempt"}
+        assert meta["host"] in hosts and len(meta["gpus"]) == 1 and meta["attempt"] == 1
+        assert 0 <= meta["queued_ms"] < 5000
+
+        error = conn.execute("1/0")
+        assert error.status == "error" and error.reply["content"]["ename"] == "ZeroDivisionError"
+        assert [o["msg_type"] for o in error.outputs] == ["error"]
+
+        answered = conn.execute("name = input('who? ')\nprint('hi', name)", stdin=["ada"])
+        assert answered.stdout == "hi ada\n"
+
+    cluster = client.request("GET", "/api/notebookos/cluster")
+    assert sum(h["replicas"] for h in cluster["hosts"]) >= 3
+    assert any(k["kernel_id"] == kernel_id for k in cluster["kernels"])
+
+
+def test_two_clients_see_the_output_of_each_others_cells(kernel: tuple[GatewayClient, str]) -> None:
+    client, kernel_id = kernel
+    with client.connect(kernel_id) as first, client.connect(kernel_id) as second:
+        result = first.execute("print('shared')")
+        assert result.stdout == "shared\n"
+        # The second tab receives the same iopub stream, once.
+        seen = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not any(m.get("msg_type") == "stream" for m in seen):
+            try:
+                seen.append(second.receive(0.5))
+            except websocket.WebSocketTimeoutException:
+                continue
+        streams = [m for m in seen if m.get("msg_type") == "stream"]
+        assert len(streams) == 1 and streams[0]["content"]["text"] == "shared\n"
+
+
+def test_interrupt_reaches_the_running_cell(kernel: tuple[GatewayClient, str]) -> None:
+    client, kernel_id = kernel
+    with client.connect(kernel_id) as conn:
+        msg_id = conn.send("shell", "execute_request", {"code": "import time\ntime.sleep(60)", "silent": False})
+        time.sleep(1.5)
+        began = time.monotonic()
+        client.interrupt_kernel(kernel_id)
+        reply = wait_reply(conn, msg_id, 20)
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        assert time.monotonic() - began < 10
+        alive = conn.execute("'still alive'")
+        assert alive.result_text() == "'still alive'", (alive.reply, alive.outputs)
+
+
+def wait_reply(conn: KernelConnection, msg_id: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = conn.receive(deadline - time.monotonic())
+        if msg["channel"] == "shell" and msg["parent_header"].get("msg_id") == msg_id:
+            return msg
+
+
+def test_unpicklable_variable_warns_once_and_the_cell_succeeds(kernel: tuple[GatewayClient, str]) -> None:
+    client, kernel_id = kernel
+    with client.connect(kernel_id) as conn:
+        result = conn.execute("import threading\nlock = threading.Lock()\nfine = [1, 2, 3]")
+        assert result.status == "ok"
+        assert result.stderr.count("lock") >= 1 and "fine" not in result.stderr
+        assert "failover" in result.stderr or "migration" in result.stderr
+        assert len([o for o in result.outputs if o["msg_type"] == "stream" and o["content"]["name"] == "stderr"]) == 1
+        again = conn.execute("fine.append(4)")
+        assert again.status == "ok" and again.stderr == ""
+
+
+def _kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def _back_to_three(client: GatewayClient, kernel_id: str, gone_pid: int) -> list[dict]:
+    def healed() -> list[dict] | None:
+        replicas = ready_replicas(client, kernel_id)
+        pids = {r["pid"] for r in replicas}
+        hosts = {r["host"] for r in replicas}
+        return replicas if len(replicas) == 3 and gone_pid not in pids and len(hosts) == 3 else None
+
+    return wait_for(healed, 60, "the kernel to be back at three replicas")  # type: ignore[no-any-return]
+
+
+def test_killing_an_idle_follower_is_invisible(kernel: tuple[GatewayClient, str]) -> None:
+    client, kernel_id = kernel
+    with client.connect(kernel_id) as conn:
+        conn.execute("state = {'n': 1}")
+        info = kernel_info(client, kernel_id)
+        follower = next(r for r in info["replicas"] if r["replica_id"] != info["executor"])
+        _kill(follower["pid"])
+        result = conn.execute("state['n'] += 1\nstate['n']")
+        assert result.status == "ok" and result.result_text() == "2"
+        _back_to_three(client, kernel_id, follower["pid"])
+        assert conn.execute("state").result_text() == "{'n': 2}"
+
+
+def test_killing_the_idle_executor_moves_the_next_cell_with_state_intact(kernel: tuple[GatewayClient, str]) -> None:
+    client, kernel_id = kernel
+    with client.connect(kernel_id) as conn:
+        conn.execute("import numpy as np\nbig = np.arange(300_000)\nsmall = {'a': [1, 2]}\nalias = small")
+        info = wait_for(lambda: _all_applied(client, kernel_id, 1), 10, "the followers to apply the cell")
+        executor = next(r for r in info["replicas"] if r["replica_id"] == info["executor"])
+        _kill(executor["pid"])
+        result = conn.execute("int(big.sum()), small, alias is small", timeout=60)
+        assert result.status == "ok", result.reply["content"]
+        assert result.result_text() == "(44999850000, {'a': [1, 2]}, True)"
+        assert result.notebookos["replica"] != executor["replica_id"]
+        _back_to_three(client, kernel_id, executor["pid"])
+
+
+def _all_applied(client: GatewayClient, kernel_id: str, seq: int) -> dict | None:
+    info = kernel_info(client, kernel_id)
+    return info if all(r["applied_seq"] >= seq for r in info["replicas"]) else None
+
+
+def test_killing_the_executor_mid_cell_errors_that_cell_only(kernel: tuple[GatewayClient, str], tmp_path: Path) -> None:
+    client, kernel_id = kernel
+    marker = tmp_path / "runs.txt"
+    with client.connect(kernel_id) as conn:
+        conn.execute("before = 'intact'")
+        msg_id = conn.send(
+            "shell",
+            "execute_request",
+            {
+                "code": f"open({str(marker)!r}, 'a').write('ran\\n')\nbefore = 'changed'\nimport time\ntime.sleep(60)",
+                "silent": False,
+            },
+        )
+        wait_for(marker.exists, 20, "the long cell to start")
+        info = kernel_info(client, kernel_id)
+        executor = next(r for r in info["replicas"] if r["replica_id"] == info["executor"])
+        _kill(executor["pid"])
+        reply = wait_reply(conn, msg_id, 30)
+        content = reply["content"]
+        assert content["status"] == "error" and content["ename"] == "ReplicaLost"
+        assert "previous cell is intact" in content["evalue"] and "not re-run" in content["evalue"]
+        result = conn.execute("before", timeout=60)
+        assert result.result_text() == "'intact'"
+        assert marker.read_text() == "ran\n"  # never silently re-run
+        _back_to_three(client, kernel_id, executor["pid"])
+        assert conn.execute("before").result_text() == "'intact'"
+
+
+def test_gpus_are_held_only_while_a_cell_runs(kernel: tuple[GatewayClient, str]) -> None:
+    client, kernel_id = kernel
+
+    def committed() -> int:
+        return sum(h["gpus_committed"] for h in client.request("GET", "/api/notebookos/cluster")["hosts"])
+
+    with client.connect(kernel_id) as conn:
+        assert committed() == 0
+        msg_id = conn.send("shell", "execute_request", {"code": "import time\ntime.sleep(3)", "silent": False})
+        wait_for(lambda: committed() == 1, 5, "the cell's GPU to be committed")
+        wait_reply(conn, msg_id, 20)
+        wait_for(lambda: committed() == 0, 5, "the GPU to be released")
+        devices = conn.execute("import os\nos.environ.get('CUDA_VISIBLE_DEVICES')")
+        assert devices.result_text() == repr(",".join(str(g) for g in devices.notebookos["gpus"]))
+
+
+def test_too_many_gpus_is_refused_clearly(shared_up: Platform) -> None:
+    client = shared_up.client
+    with pytest.raises(GatewayError) as refused:
+        client.start_kernel(KERNEL, env={"KERNEL_GPUS": "64"})
+    assert "64" in str(refused.value)
+    with pytest.raises(GatewayError, match="KERNEL_GPUS='lots' is not a whole number"):
+        client.start_kernel(KERNEL, env={"KERNEL_GPUS": "lots"})
+
+
+def test_malformed_and_oversized_websocket_messages_leave_the_kernel_working(
+    kernel: tuple[GatewayClient, str],
+) -> None:
+    client, kernel_id = kernel
+    conn = client.connect(kernel_id)
+    conn.ws.send("this is not json")
+    conn.ws.send(json.dumps({"channel": "shell", "content": {}}))  # no header
+    conn.ws.send(json.dumps({"channel": "nonsense", "header": {"msg_type": "x", "msg_id": "1"}}))
+    try:
+        conn.ws.send("x" * (32 << 20))  # beyond the websocket's message limit: the gateway drops the socket
+        conn.receive(5)
+    except (websocket.WebSocketException, OSError):
+        pass
+    finally:
+        conn.close()
+    with client.connect(kernel_id) as fresh:
+        assert fresh.execute("'ok'").result_text() == "'ok'"
+
+
+def test_jupyter_server_with_gateway_url_runs_notebookos_cells(shared_up: Platform, tmp_path: Path) -> None:
+    lab_python = REPO / ".venv-lab" / "bin" / "python"
+    if not lab_python.exists():
+        pytest.skip(".venv-lab is missing (run the bootstrap)")
+    port, token = free_port(), "lab-token"
+    server = subprocess.Popen(
+        [
+            str(lab_python),
+            "-m",
+            "jupyter_server",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--IdentityProvider.token={token}",
+            f"--gateway-url={shared_up.url}",
+            f"--GatewayClient.auth_token={shared_up.token}",
+            f"--ServerApp.root_dir={tmp_path}",
+            "--allow-root",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        client = GatewayClient(f"http://127.0.0.1:{port}", token)
+        wait_for(lambda: _answers(client), 60, "the Jupyter server to answer")
+        specs = client.request("GET", "/api/kernelspecs")["kernelspecs"]
+        assert KERNEL in specs
+        kernel_id = client.start_kernel(KERNEL)
+        try:
+            with client.connect(kernel_id) as conn:
+                result = conn.execute("print('via jupyter server')\n21 * 2")
+                assert result.stdout == "via jupyter server\n" and result.result_text() == "42"
+                assert result.notebookos["replica"] is not None
+        finally:
+            client.shutdown_kernel(kernel_id)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(20)
+
+
+def _answers(client: GatewayClient) -> bool:
+    try:
+        client.request("GET", "/api/status", timeout=2)
+    except Exception:
+        return False
+    return True
+
+
+def test_a_replica_that_never_registers_fails_the_start_clearly(tmp_path: Path) -> None:
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    # Replica 1 of every kernel hangs before it can register.
+    (hook / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get('NOTEBOOKOS_REPLICA_ID') == '1':\n    time.sleep(3600)\n"
+    )
+    # EG passes only the variables it is told to inherit (EG_INHERITED_ENVS) on to kernels.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", str(hook))
+        patch.setenv("EG_INHERITED_ENVS", "PYTHONPATH")
+        platform = start_platform(tmp_path / "state", "--hosts", "3", "--gpus-per-host", "1")
+    try:
+        began = time.monotonic()
+        with pytest.raises(GatewayError) as failed:
+            platform.client.start_kernel(KERNEL, env={"KERNEL_LAUNCH_TIMEOUT": "8"})
+        assert time.monotonic() - began < 40
+        assert "replica 1" in str(failed.value) and "did not register" in str(failed.value)
+        leftovers = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if "jupyter_notebookos.kernel" in " ".join(p.info["cmdline"] or [])
+            and str(platform.state_dir) in (p.environ().get("NOTEBOOKOS_STATE_DIR") or "")
+        ]
+        assert leftovers == []
+        cluster = platform.client.request("GET", "/api/notebookos/cluster")
+        assert cluster["kernels"] == [] and all(h["replicas"] == 0 for h in cluster["hosts"])
+    finally:
+        stop_platform(platform)
