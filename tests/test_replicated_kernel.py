@@ -335,3 +335,107 @@ def test_a_replica_that_never_registers_fails_the_start_clearly(tmp_path: Path) 
         assert cluster["kernels"] == [] and all(h["replicas"] == 0 for h in cluster["hosts"])
     finally:
         stop_platform(platform)
+
+
+DIGEST = """
+def _ns_digest():
+    import hashlib, types
+    import numpy
+    ip = get_ipython()
+    skip = set(ip.user_ns_hidden) | {"In", "Out", "exit", "quit", "get_ipython"}
+    owners, items = {}, []
+    for name in sorted(ip.user_ns):
+        if name.startswith("_") or name in skip:
+            continue
+        value = ip.user_ns[name]
+        if isinstance(value, types.ModuleType):
+            items.append((name, "module", value.__name__))
+            continue
+        if isinstance(value, numpy.ndarray):
+            shown = ("ndarray", value.dtype.str, value.shape, hashlib.sha256(value.tobytes()).hexdigest())
+        elif isinstance(value, type):
+            shown = ("class", value.__qualname__, sorted(k for k in vars(value) if not k.startswith("__")))
+        elif callable(value):
+            cells = [c.cell_contents for c in (getattr(value, "__closure__", None) or ())]
+            shown = ("callable", value.__qualname__, repr(cells))
+        elif hasattr(value, "__dict__"):
+            shown = (type(value).__qualname__, repr(sorted(vars(value).items())))
+        else:
+            shown = (type(value).__qualname__, repr(value))
+        mutable = isinstance(value, (list, dict, set, numpy.ndarray)) or hasattr(value, "__dict__")
+        alias = owners.setdefault(id(value), name) if mutable else name
+        items.append((name, shown, alias))
+    return hashlib.sha256(repr(items).encode()).hexdigest()[:16]
+"""
+
+NOTEBOOK = [
+    "import numpy as np\nimport math as m\nfrom collections import OrderedDict as OD",
+    "a = b = []\nx, (y, z) = 1, (2, 3)\nod = OD(k=1)",
+    "b.append(1)\nfor i in range(3):\n    last = i * m.pi\nimport contextlib\nwith contextlib.nullcontext([9]) as w:\n    pass",
+    "def add(v):\n    a.append(v)\nadd(2)",
+    "class Point:\n    def __init__(self, x):\n        self.x = x\n    def double(self):\n        return Point(self.x * 2)\n"
+    "p = Point(3)\nq = p.double()",
+    "def counter():\n    n = 0\n    def inc():\n        nonlocal n\n        n += 1\n        return n\n    return inc\n"
+    "c = counter()\nc()\nc()",
+    "small = np.arange(10)\nbig = np.ones((600, 600))\nd = {'k': [1]}\nd['k'].append(2)\np.x = 10\nholder = [d, a]",
+    "if (walrus := 5) > 3:\n    pass\ndel x\nbig[0, 0] = 7.0\nsmall += 1",
+    "def grow():\n    global grown\n    grown = [len(a)]\ngrow()\nlambda_sq = (lambda v: v * v)(4)",
+]
+
+
+def test_replicas_namespaces_equal_the_executors_while_the_executor_changes(
+    kernel: tuple[GatewayClient, str],
+) -> None:
+    client, kernel_id = kernel
+    replicas = sorted(r["replica_id"] for r in kernel_info(client, kernel_id)["replicas"])
+    with client.connect(kernel_id) as conn:
+
+        def run_on(replica: str, code: str):  # type: ignore[no-untyped-def]
+            msg_id = conn.send(
+                "shell",
+                "execute_request",
+                {"code": code, "silent": False, "store_history": True},
+                metadata={"notebookos": {"replica": replica}},
+            )
+            reply = wait_reply(conn, msg_id, 60)
+            assert reply["content"]["status"] == "ok", reply["content"]
+            assert reply["metadata"]["notebookos"]["replica"] == replica
+            return reply
+
+        run_on(replicas[0], DIGEST)
+        for i, cell in enumerate(NOTEBOOK):
+            run_on(replicas[(i + 1) % 3], cell)
+        digests = {}
+        behaviour = {}
+        for replica in replicas:
+            reply = run_on(
+                replica,
+                "_d = _ns_digest()\n_b = (a is b, a, holder[1] is a, holder[0] is d, q.double().x, "
+                "p.x, float(big[0, 0]), int(small[0]), Point(2).double().x, grown, walrus, 'x' in dir())",
+            )
+            assert reply["content"]["status"] == "ok"
+            out = run_and_capture(conn, replica, "print(_d)\nprint(_b)")
+            digests[replica], behaviour[replica] = out.splitlines()
+        assert len(set(digests.values())) == 1, digests
+        assert len(set(behaviour.values())) == 1, behaviour
+        assert behaviour[replicas[0]] == "(True, [1, 2], True, True, 12, 10, 7.0, 1, 4, [2], 5, False)"
+
+
+def run_and_capture(conn: KernelConnection, replica: str, code: str) -> str:
+    msg_id = conn.send(
+        "shell", "execute_request", {"code": code, "silent": False}, metadata={"notebookos": {"replica": replica}}
+    )
+    text, reply, idle = "", None, False
+    deadline = time.monotonic() + 60
+    while reply is None or not idle:
+        msg = conn.receive(deadline - time.monotonic())
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            text += msg["content"]["text"]
+        elif msg["msg_type"] == "execute_reply":
+            reply = msg
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            idle = True
+    assert reply["metadata"]["notebookos"]["replica"] == replica
+    return text.strip()

@@ -360,7 +360,10 @@ class GatewayPlatform:
 
     async def acquire(self, request: CellRequest, changed: asyncio.Event) -> CellGrant:
         """Ask the scheduler where the cell runs; wait in its queue when no GPUs are free."""
-        decision = self.scheduler.request_cell(request.kernel_id, request.cell_id, now=self.now(), gpus=request.gpus)
+        prefer = int(request.prefer) if request.prefer is not None and request.prefer.isdigit() else None
+        decision = self.scheduler.request_cell(
+            request.kernel_id, request.cell_id, now=self.now(), gpus=request.gpus, prefer=prefer
+        )
         self._log_decision(decision)
         if isinstance(decision, RejectCell):
             raise CellRejected(decision.reason)

@@ -67,6 +67,7 @@ class CellRequest:
     up_to_date: frozenset[str]  # replicas that applied every earlier record
     previous: str | None  # the executor of the previous cell
     arrived: float  # time.monotonic() at arrival
+    prefer: str | None = None  # a replica the client asked for (execute_request metadata.notebookos.replica)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class PendingCell:
     seq: int = 0
     grant: CellGrant | None = None
     started: float = 0.0
+    prefer: str | None = None
     began_executing: bool = False  # the executor said "busy" for it: from then on it is never re-sent
     retry: bool = False
     done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -418,6 +420,7 @@ class ReplicaRouter:
                 up_to_date=up_to_date,
                 previous=self.executor,
                 arrived=cell.arrived,
+                prefer=cell.prefer,
             )
             try:
                 grant = await self.planner.acquire(request, self.changed)
@@ -630,7 +633,9 @@ class ReplicaRouter:
         if msg.msg_type == "execute_request":
             self.signer.verify(msg)  # we re-sign it, so we must vouch for it
             msg.content()  # and it must be readable
-            await self._queue.put(PendingCell(msg, time.monotonic()))
+            asked = msg.metadata().get(METADATA_KEY)
+            prefer = str(asked["replica"]) if isinstance(asked, dict) and asked.get("replica") is not None else None
+            await self._queue.put(PendingCell(msg, time.monotonic(), prefer=prefer))
             return
         target = self._target_replica()
         if target is None:

@@ -228,9 +228,10 @@ class Scheduler(Configurable):
     # --- cells ----------------------------------------------------------------------------------------
 
     def request_cell(
-        self, kernel_id: str, cell_id: str, now: float, gpus: int | None = None
+        self, kernel_id: str, cell_id: str, now: float, gpus: int | None = None, prefer: int | None = None
     ) -> RunCell | MigrateThenRun | WaitInQueue | RejectCell:
-        """Decide where a cell runs. ``gpus`` defaults to the kernel's request.
+        """Decide where a cell runs. ``gpus`` defaults to the kernel's request; ``prefer`` names a replica
+        the client asked for (used when its host can bind the GPUs).
 
         ``RunCell``: GPUs are committed now; ``MigrateThenRun``: GPUs reserved on the target, call
         ``migration_finished``; ``WaitInQueue``: call ``dispatch_queued`` when GPUs free up;
@@ -253,11 +254,11 @@ class Scheduler(Configurable):
         self._tick(now)
         if kernel.running is not None or self.queue.has(kernel_id):
             busy = kernel.running.cell_id if kernel.running is not None else "an earlier queued cell"
-            pos = self.queue.push(QueuedCell(kernel_id, cell_id, need, now), kernel.running is not None)
+            pos = self.queue.push(QueuedCell(kernel_id, cell_id, need, now, prefer), kernel.running is not None)
             return WaitInQueue(kernel_id, cell_id, need, pos, f"kernel {kernel_id} is busy with {busy}", False)
-        decision = self._try_start(kernel, cell_id, need, now, now)
+        decision = self._try_start(kernel, cell_id, need, now, now, prefer)
         if isinstance(decision, Blocked):
-            pos = self.queue.push(QueuedCell(kernel_id, cell_id, need, now), False)
+            pos = self.queue.push(QueuedCell(kernel_id, cell_id, need, now, prefer), False)
             return WaitInQueue(kernel_id, cell_id, need, pos, decision.reason, decision.scale_out_would_help)
         self._tick(now)
         return decision
@@ -295,7 +296,7 @@ class Scheduler(Configurable):
             if head.gpus > max_idle:
                 continue  # no host anywhere has that many idle GPUs
             kernel = self.model.kernels[kernel_id]
-            decision = self._try_start(kernel, head.cell_id, head.gpus, head.requested_at, now)
+            decision = self._try_start(kernel, head.cell_id, head.gpus, head.requested_at, now, head.prefer)
             if isinstance(decision, Blocked):
                 continue
             self.queue.pop_head(kernel_id)
@@ -536,14 +537,14 @@ class Scheduler(Configurable):
         return f"it asks for {gpus} GPUs but the largest host has {largest}; set KERNEL_GPUS to {largest} or fewer"
 
     def _try_start(
-        self, kernel: Kernel, cell_id: str, gpus: int, requested_at: float, now: float
+        self, kernel: Kernel, cell_id: str, gpus: int, requested_at: float, now: float, prefer: int | None = None
     ) -> RunCell | MigrateThenRun | Blocked:
         policy = self.settings.policy
         if policy == "reservation":
             return run_reserved(kernel, cell_id, requested_at, now)
         if policy == "batch":
             return run_batch(self.model, kernel, cell_id, gpus, requested_at, now)
-        return choose_executor(self.model, kernel, cell_id, gpus, requested_at, now, self.settings)
+        return choose_executor(self.model, kernel, cell_id, gpus, requested_at, now, self.settings, prefer)
 
     def _release(self, kernel: Kernel, requeue: bool = False) -> int:
         """Free the running cell's GPUs; ``requeue`` puts it back at the queue's front."""

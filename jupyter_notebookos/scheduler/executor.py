@@ -35,9 +35,19 @@ def choose_executor(
     requested_at: float,
     now: float,
     settings: SchedulerSettings,
+    prefer: int | None = None,
 ) -> RunCell | MigrateThenRun | Blocked:
-    """Decide where the cell runs and commit its GPUs in the model (or say why it cannot start)."""
+    """Decide where the cell runs and commit its GPUs in the model (or say why it cannot start).
+
+    ``prefer`` is a replica the client asked for (``metadata.notebookos.replica``): it wins when its host can
+    bind the GPUs now; otherwise the usual order applies.
+    """
     hosts = model.hosts
+    if prefer is not None and prefer in kernel.replicas and prefer not in kernel.moving:
+        wanted = hosts[kernel.replicas[prefer]]
+        if wanted.runnable and wanted.idle >= gpus:
+            detail = f"requested by the client: {wanted.name} has {_idle_text(wanted)}"
+            return _run(model, kernel, cell_id, prefer, wanted, gpus, requested_at, now, "requested", detail)
     previous = kernel.last_executor
     prev_host: Host | None = None
     if previous is not None and previous in kernel.replicas and previous not in kernel.moving:

@@ -19,6 +19,7 @@ class QueuedCell:
     cell_id: str
     gpus: int
     requested_at: float
+    prefer: int | None = None  # the replica the client asked for, if any
 
 
 class CellQueue:

@@ -236,3 +236,22 @@ def test_dispatch_starts_several_cells_in_queue_order_after_capacity_arrives() -
     d = s.dispatch_queued(now=3.0)
     assert [(x.kernel_id, type(x).__name__) for x in d.started] == [("k4", "MigrateThenRun"), ("k5", "MigrateThenRun")]
     assert [x.device_ids for x in d.started] == [(0,), (1,)]  # type: ignore[union-attr]
+
+
+def test_a_requested_replica_wins_when_its_host_can_bind_the_gpus() -> None:
+    s = cluster(3, gpus=1)
+    s.start_kernel("k1", 1, now=0.0)
+    first = s.request_cell("k1", "c1", now=1.0)
+    assert isinstance(first, RunCell) and first.replica_id == 0
+    s.cell_finished("k1", "c1", now=2.0)
+    asked = s.request_cell("k1", "c2", now=3.0, prefer=2)
+    assert isinstance(asked, RunCell) and asked.replica_id == 2 and asked.reason == "requested"
+    assert str(asked).endswith("requested by the client: host-c has 1 of 1 GPUs idle")
+    s.cell_finished("k1", "c2", now=4.0)
+    # Sticky again afterwards: the requested replica is now the previous executor.
+    again = s.request_cell("k1", "c3", now=5.0)
+    assert isinstance(again, RunCell) and again.replica_id == 2 and again.reason == "sticky"
+    s.cell_finished("k1", "c3", now=6.0)
+    # A replica that does not exist (or whose host is busy) is ignored: the usual order applies.
+    unknown = s.request_cell("k1", "c4", now=7.0, prefer=9)
+    assert isinstance(unknown, RunCell) and unknown.reason == "sticky"
