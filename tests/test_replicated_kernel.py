@@ -371,9 +371,11 @@ def _ns_digest():
 NOTEBOOK = [
     "import numpy as np\nimport math as m\nfrom collections import OrderedDict as OD",
     "a = b = []\nx, (y, z) = 1, (2, 3)\nod = OD(k=1)",
-    "b.append(1)\nfor i in range(3):\n    last = i * m.pi\nimport contextlib\nwith contextlib.nullcontext([9]) as w:\n    pass",
+    "b.append(1)\nfor i in range(3):\n    last = i * m.pi\n"
+    "import contextlib\nwith contextlib.nullcontext([9]) as w:\n    pass",
     "def add(v):\n    a.append(v)\nadd(2)",
-    "class Point:\n    def __init__(self, x):\n        self.x = x\n    def double(self):\n        return Point(self.x * 2)\n"
+    "class Point:\n    def __init__(self, x):\n        self.x = x\n"
+    "    def double(self):\n        return Point(self.x * 2)\n"
     "p = Point(3)\nq = p.double()",
     "def counter():\n    n = 0\n    def inc():\n        nonlocal n\n        n += 1\n        return n\n    return inc\n"
     "c = counter()\nc()\nc()",
