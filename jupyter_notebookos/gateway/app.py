@@ -56,13 +56,9 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
         raw = os.environ.get("NOTEBOOKOS_ETCD_ENDPOINTS", "127.0.0.1:2379")
         return [e.strip() for e in raw.split(",") if e.strip()]
 
-    etcd_prefix = Unicode(
-        "/notebookos", config=True, help="Key prefix of everything NotebookOS stores in etcd."
-    )
+    etcd_prefix = Unicode("/notebookos", config=True, help="Key prefix of everything NotebookOS stores in etcd.")
 
-    etcd_timeout = Integer(
-        5, config=True, help="Seconds an etcd call may take before it fails with a clear error."
-    )
+    etcd_timeout = Integer(5, config=True, help="Seconds an etcd call may take before it fails with a clear error.")
 
     simulated_hosts = Integer(
         4,

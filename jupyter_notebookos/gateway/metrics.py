@@ -38,9 +38,7 @@ class PlatformMetrics:
             buckets=QUEUED_MS_BUCKETS,
             registry=self.registry,
         )
-        self.cells = Counter(
-            "notebookos_cells", "Cells executed, by outcome", ["outcome"], registry=self.registry
-        )
+        self.cells = Counter("notebookos_cells", "Cells executed, by outcome", ["outcome"], registry=self.registry)
         self.gpu_seconds_used = Counter(
             "notebookos_gpu_seconds_used",
             "GPU-seconds committed to running cells",

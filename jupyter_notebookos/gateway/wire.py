@@ -110,9 +110,7 @@ class Signer:
         self.session = Session(key=key, signature_scheme=signature_scheme)
 
     def sign(self, msg: WireMessage) -> bytes:
-        return bytes(
-            self.session.sign([msg.header_frame, msg.parent_frame, msg.metadata_frame, msg.content_frame])
-        )
+        return bytes(self.session.sign([msg.header_frame, msg.parent_frame, msg.metadata_frame, msg.content_frame]))
 
     def verify(self, msg: WireMessage) -> None:
         """Raise :class:`MalformedMessage` unless ``msg`` carries a valid signature."""
