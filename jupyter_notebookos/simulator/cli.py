@@ -205,6 +205,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="write PNGs: provisioned vs busy GPUs over time, delay CDF",
     )
+    output.add_argument("--plot-prefix", default="", help="prefix of the PNG file names (none)")
     output.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -337,7 +338,7 @@ def _run(args: argparse.Namespace, err: Console) -> int:
     if args.plot:
         from jupyter_notebookos.simulator.plots import write_plots
 
-        for path in write_plots(runs, args.plot, title):
+        for path in write_plots(runs, args.plot, title, args.plot_prefix):
             err.print(f"wrote {path}", highlight=False)
     if args.json:
         write_json(document, sys.stdout)

@@ -2,7 +2,8 @@
 
 Integrals (GPU-hours) are exact: the simulator reports every change of a level (hosts up, GPUs training)
 with its time, and each piecewise-constant level is integrated over the measurement interval
-[`measure_start_s`, `measure_end_s`). Delays count for tasks submitted inside that interval.
+[`measure_start_s`, `measure_end_s`). Delays count for cells submitted inside that interval; migrations,
+hosts added (`scale_outs`) and removed (`scale_ins`) and Batch restores count when they begin inside it.
 """
 
 from __future__ import annotations
@@ -72,8 +73,6 @@ class PolicyMetrics:
     migrations: int = 0
     scale_outs: int = 0
     scale_ins: int = 0
-    hosts_added: int = 0
-    hosts_removed: int = 0
     rejected_cells: int = 0
     restores: int = 0
     end_s: float = 0.0
@@ -85,6 +84,10 @@ class PolicyMetrics:
         """Fresh metrics for a run that begins at `t0`."""
         lo, hi = measure_start_s, measure_end_s
         return cls(policy, lo, hi, Level(lo, hi, t0), Level(lo, hi, t0), Level(lo, hi, t0))
+
+    def measuring(self, now: float) -> bool:
+        """Whether an event at `now` counts (inside the measured interval)."""
+        return self.measure_start_s <= now < self.measure_end_s
 
     def record_start(self, submit_s: float, start_s: float, cause: str = "") -> None:
         """A task started executing; its delay counts if it was submitted inside the measured interval.

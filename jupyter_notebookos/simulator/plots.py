@@ -9,8 +9,8 @@ import numpy as np
 from jupyter_notebookos.simulator.metrics import PolicyMetrics
 
 
-def write_plots(runs: dict[str, PolicyMetrics], directory: str | Path, title: str) -> list[Path]:
-    """Write `gpus_over_time.png` and `delay_cdf.png` into `directory`; returns their paths."""
+def write_plots(runs: dict[str, PolicyMetrics], directory: str | Path, title: str, prefix: str = "") -> list[Path]:
+    """Write `<prefix>gpus_over_time.png` and `<prefix>delay_cdf.png` into `directory`; returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -22,7 +22,8 @@ def write_plots(runs: dict[str, PolicyMetrics], directory: str | Path, title: st
 
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 2.4 * len(runs) + 0.6), sharex=True, squeeze=False)
     for ax, (name, run) in zip(axes[:, 0], runs.items(), strict=True):
-        lo, hi = run.measure_start_s, min(run.measure_end_s, run.end_s)
+        lo = max(run.measure_start_s, run.provisioned_gpus.samples_t[0])
+        hi = min(run.measure_end_s, run.end_s)
         for level, label, color in (
             (run.provisioned_gpus, "provisioned", "tab:red"),
             (run.busy_gpus, "busy (training)", "tab:blue"),
@@ -41,7 +42,7 @@ def write_plots(runs: dict[str, PolicyMetrics], directory: str | Path, title: st
     axes[-1, 0].set_xlabel("hours since window start")
     fig.suptitle(f"Provisioned vs busy GPUs: {title}", fontsize=10)
     fig.tight_layout()
-    path = out / "gpus_over_time.png"
+    path = out / f"{prefix}gpus_over_time.png"
     fig.savefig(path, dpi=80)
     plt.close(fig)
     written.append(path)
@@ -61,7 +62,7 @@ def write_plots(runs: dict[str, PolicyMetrics], directory: str | Path, title: st
     ax.legend(fontsize=8)
     ax.set_title(f"Cell delay CDF: {title}", fontsize=10)
     fig.tight_layout()
-    path = out / "delay_cdf.png"
+    path = out / f"{prefix}delay_cdf.png"
     fig.savefig(path, dpi=80)
     plt.close(fig)
     written.append(path)

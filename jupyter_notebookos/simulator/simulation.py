@@ -200,8 +200,8 @@ class Simulation:
         self._provisioning += count
         self._hosts_up += count  # billed from the request on
         self.metrics.provisioned_gpus.set(now, self._hosts_up * self.costs.gpus_per_host)
-        self.metrics.hosts_added += count
-        self.metrics.scale_outs += count
+        if self.metrics.measuring(now):
+            self.metrics.scale_outs += count
         for _ in range(count):
             self._push(now + self.costs.host_provision_s, HOST_READY)
 
@@ -229,8 +229,8 @@ class Simulation:
         for name in decision.remove:
             self.scheduler.remove_host(name, now)
             self._hosts_up -= 1
-            self.metrics.hosts_removed += 1
-            self.metrics.scale_ins += 1
+            if self.metrics.measuring(now):
+                self.metrics.scale_ins += 1
         if decision.remove:
             self.metrics.provisioned_gpus.set(now, self._hosts_up * self.costs.gpus_per_host)
         if decision.undrain:
@@ -374,7 +374,8 @@ class Simulation:
     def _run_cell(self, now: float, decision: RunCell) -> None:
         if decision.reason == "fresh-replica":
             overhead = self.costs.batch_cell_overhead_s
-            self.metrics.restores += 1
+            if self.metrics.measuring(now):
+                self.metrics.restores += 1
             self._state[self._index[decision.kernel_id]].causes.append("fresh replica + restore")
         elif decision.reason == "reserved":
             overhead = 0.0  # the session's GPUs are already bound to its only replica
@@ -421,7 +422,8 @@ class Simulation:
     # --- migrations -----------------------------------------------------------------------------------
 
     def _begin_migration(self, now: float, plan: MigrationPlan) -> None:
-        self.metrics.migrations += 1
+        if self.metrics.measuring(now):
+            self.metrics.migrations += 1
         self._push(now + self.costs.migration_total_s, MIGRATION_DONE, plan.migration_id)
 
     def _on_migration_done(self, now: float, migration_id: int, b: int) -> None:
