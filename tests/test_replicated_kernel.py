@@ -441,3 +441,40 @@ def run_and_capture(conn: KernelConnection, replica: str, code: str) -> str:
             idle = True
     assert reply["metadata"]["notebookos"]["replica"] == replica
     return text.strip()
+
+
+def test_a_restarted_gateway_reattaches_to_running_kernels(tmp_path: Path) -> None:
+    platform = start_platform(tmp_path / "state", "--hosts", "3", "--gpus-per-host", "1")
+    try:
+        client = platform.client
+        kernel_id = client.start_kernel(KERNEL)
+        with client.connect(kernel_id) as conn:
+            assert conn.execute("kept = {'v': [1, 2, 3]}\nlen(kept['v'])").result_text() == "3"
+        before = {r["replica_id"]: r["pid"] for r in kernel_info(client, kernel_id)["replicas"]}
+        gateway = next(p for p in platform.descendants() if "jupyter_notebookos.gateway" in " ".join(p.cmdline()))
+        gateway.kill()
+        gateway.wait(10)
+
+        def reattached() -> bool:
+            try:
+                return any(k["id"] == kernel_id for k in client.request("GET", "/api/kernels", timeout=2))
+            except Exception:  # noqa: BLE001 - the gateway is coming back
+                return False
+
+        wait_for(reattached, 60, "the restarted gateway to list the kernel again")
+        after = {r["replica_id"]: r["pid"] for r in kernel_info(client, kernel_id)["replicas"]}
+        assert after == before  # the same replica processes, not new ones
+        with client.connect(kernel_id) as conn:
+            result = conn.execute("kept['v'].append(4)\nkept", timeout=60)
+            assert result.result_text() == "{'v': [1, 2, 3, 4]}"
+        client.shutdown_kernel(kernel_id)
+        wait_for(lambda: not any(_alive(pid) for pid in before.values()), 20, "the replicas to exit on shutdown")
+    finally:
+        stop_platform(platform)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -23,12 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import psutil
 from rich.console import Console
 from rich.table import Table
 
 from jupyter_notebookos.embedded.etcd import EtcdCluster, EtcdClusterError
 
 RUNTIME_FILE = "runtime.json"
+#: A child that exits this many times within the window is not restarted again.
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 60.0
 
 
 class PlatformError(RuntimeError):
@@ -172,15 +176,42 @@ class EmbeddedPlatform:
         self._write_runtime_file()
 
     def wait(self) -> int:
-        """Block until a signal arrives (exit 0) or a child dies (exit 1, with its log's end)."""
+        """Block until a signal arrives (exit 0). A child that dies is restarted (the gateway re-attaches to
+        the running kernels, whose replicas are detached); one that keeps dying ends the platform (exit 1)."""
+        restarts: dict[str, list[float]] = {}
         while not self._stopping:
-            for name, child in self.children:
-                if child.poll() is not None:
-                    log = self.state_dir / f"{name}.log"
-                    self.console.print(f"[red]{name} exited with code {child.returncode}[/]\n{tail(log)}")
+            for index, (name, child) in enumerate(self.children):
+                if child.poll() is None or self._stopping:
+                    continue
+                log = self.state_dir / f"{name}.log"
+                recent = [t for t in restarts.get(name, []) if time.monotonic() - t < RESTART_WINDOW_S]
+                if len(recent) >= MAX_RESTARTS:
+                    self.console.print(
+                        f"[red]{name} exited with code {child.returncode} {MAX_RESTARTS} times within "
+                        f"{RESTART_WINDOW_S:.0f} s; giving up[/]\n{tail(log)}"
+                    )
                     return 1
+                restarts[name] = [*recent, time.monotonic()]
+                self.console.print(f"[yellow]{name} exited with code {child.returncode}; restarting it[/]")
+                self.children[index] = (name, self._restart(name))
             time.sleep(0.2)
         return 0
+
+    def _restart(self, name: str) -> subprocess.Popen[bytes]:
+        log = self.state_dir / f"{name}.log"
+        self.children = [(n, c) for n, c in self.children if n != name]  # _spawn appends the new one
+        if name == "gateway":
+            child = self._spawn(name, self._gateway_command(), self._gateway_env(), log)
+            url = f"{self.gateway_url}/api"
+        else:
+            child = self._spawn(name, self._lab_command(), self._lab_env(), log)
+            url = f"{self.lab_url}/api"
+        self.children = sorted(self.children, key=lambda item: ["gateway", "jupyterlab"].index(item[0]))
+        try:
+            wait_http(url, process=child, timeout=self.options.start_timeout, log=log)
+        except PlatformError as err:
+            self.console.print(f"[red]{err}[/]")
+        return child
 
     def stop(self) -> None:
         """Stop everything this platform started, newest first; nothing is left behind."""
@@ -189,6 +220,7 @@ class EmbeddedPlatform:
         for name, child in reversed(self.children):
             self._terminate(name, child)
         self.children.clear()
+        self._stop_leftover_replicas()
         if self.etcd is not None:
             self.etcd.stop()
             self.etcd = None
@@ -197,6 +229,19 @@ class EmbeddedPlatform:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+
+    def _stop_leftover_replicas(self) -> None:
+        """Replicas run in their own sessions (they outlive a gateway crash); a gateway that could not
+        shut its kernels down (killed, crashed) leaves them to us."""
+        leftovers = []
+        for process in psutil.process_iter(["pid", "cmdline"]):
+            if "jupyter_notebookos.kernel" not in (process.info.get("cmdline") or []):
+                continue
+            with contextlib.suppress(psutil.Error):
+                if process.environ().get("NOTEBOOKOS_STATE_DIR") == str(self.state_dir):
+                    process.kill()
+                    leftovers.append(process)
+        psutil.wait_procs(leftovers, timeout=5)
 
     # -- pieces -------------------------------------------------------------------------------------
 

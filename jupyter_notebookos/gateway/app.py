@@ -155,7 +155,29 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
         except Exception as err:
             self.log.critical("NotebookOS could not start: %s", err)
             sys.exit(1)
+        self._adopt_running_kernels()
         super().start()
+
+    def _adopt_running_kernels(self) -> None:
+        """Make the kernels a previous gateway left running EG kernels again (list, websockets, shutdown)."""
+        for session in self.platform.adopted:
+            connection_info = {
+                "transport": "tcp",
+                "ip": session["ip"],
+                **{f"{name}_port": port for name, port in session["ports"].items()},
+                "key": session["key"],
+                "signature_scheme": session["signature_scheme"],
+                "kernel_name": session["kernel_name"],
+            }
+            process_info = {"pid": 0, "pgid": 0, "ip": session["ip"], "notebookos": True}
+            launch_args = {"env": dict(session.get("env") or {})}
+            adopted = self.kernel_manager.start_kernel_from_session(
+                session["kernel_id"], session["kernel_name"], connection_info, process_info, launch_args
+            )
+            if adopted:
+                self.log.info("Re-attached NotebookOS kernel %s", session["kernel_id"])
+            else:
+                self.log.warning("Could not re-attach NotebookOS kernel %s", session["kernel_id"])
 
     def shutdown(self) -> None:
         super().shutdown()

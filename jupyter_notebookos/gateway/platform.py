@@ -33,11 +33,14 @@ from jupyter_notebookos.replication.protocol import ReplicaRegistration
 from jupyter_notebookos.scheduler import (
     Decision,
     HostSpec,
+    KernelSpec,
     MigrateThenRun,
     Placement,
     RejectCell,
     ReplicaLost,
+    ReplicaSlot,
     RunCell,
+    RunningCellSpec,
     Scheduler,
     WaitInQueue,
 )
@@ -118,6 +121,7 @@ class GatewayPlatform:
                 now=self.now(),
             )
         self.kernels: dict[str, KernelRecord] = {}
+        self.adopted: list[dict[str, Any]] = []
         self.coordinator: Coordinator | None = None
         self._waiting: dict[tuple[str, str], asyncio.Future[RunCell]] = {}
         self._monitor: asyncio.Task[None] | None = None
@@ -151,12 +155,97 @@ class GatewayPlatform:
                 "devices": [{"index": d.index, "uuid": d.uuid, "name": d.name} for d in host.devices],
             }
             await self.coordinator.put(self.coordinator.keys.host(host.name), json.dumps(record))
+        self.adopted = await self._reattach()
         self._monitor = asyncio.ensure_future(self._monitor_replicas())
         self.log.info(
             "NotebookOS platform up: %d hosts, %d GPUs, etcd at %s",
             len(self.hosts),
             sum(len(h.devices) for h in self.hosts.values()),
             ",".join(self.etcd_endpoints),
+        )
+
+    async def _reattach(self) -> list[dict[str, Any]]:
+        """Re-attach to the kernels a previous gateway left running (their replicas are detached processes).
+
+        Returns their session records, for EG's kernel manager to adopt. Kernels none of whose replicas is
+        registered any more are cleaned up instead.
+        """
+        assert self.coordinator is not None
+        keys = self.coordinator.keys
+        sessions = [
+            kv for kv in await self.coordinator.get_prefix(keys.kernels_prefix()) if keys.is_kernel_record(kv.key)
+        ]
+        adopted = []
+        for kv in sessions:
+            session = json.loads(kv.value)
+            kernel_id = session["kernel_id"]
+            registrations = [
+                ReplicaRegistration.from_json(r.value)
+                for r in await self.coordinator.get_prefix(keys.replicas_prefix(kernel_id))
+            ]
+            handles = {h.replica_id: h for h in await self.launcher.find_replicas(kernel_id)}
+            if not registrations:
+                self.log.warning("kernel %s: no live replica left; forgetting it", kernel_id)
+                for handle in handles.values():
+                    await self.launcher.stop_replica(handle, now=True)
+                await self.coordinator.delete_prefix(keys.kernel_prefix(kernel_id))
+                await self.coordinator.delete(keys.kernel(kernel_id))
+                continue
+            try:
+                await self._adopt(session, registrations, handles)
+            except (ValueError, OSError, CoordinationError) as err:
+                self.log.error("kernel %s: could not re-attach: %s", kernel_id, err)
+                continue
+            adopted.append(session)
+        return adopted
+
+    async def _adopt(
+        self, session: dict[str, Any], registrations: list[ReplicaRegistration], handles: dict[str, ReplicaHandle]
+    ) -> None:
+        assert self.coordinator is not None
+        kernel_id, gpus = session["kernel_id"], int(session["gpus"])
+        cells = [
+            json.loads(c.value)
+            for c in await self.coordinator.get_prefix(self.coordinator.keys.cells_prefix(kernel_id))
+        ]
+        decision = self.scheduler.adopt(
+            [KernelSpec(kernel_id, gpus)],
+            [ReplicaSlot(kernel_id, int(r.replica_id), r.host) for r in registrations],
+            [
+                RunningCellSpec(kernel_id, c["msg_id"], int(c["executor"]), tuple(c.get("gpus", ())), self.now())
+                for c in cells
+            ],
+            now=self.now(),
+        )
+        self._log_decision(decision)
+        router = ReplicaRouter(
+            kernel_id=kernel_id,
+            ip=session["ip"],
+            ports=session["ports"],
+            key=session["key"].encode(),
+            signature_scheme=session["signature_scheme"],
+            gpus=gpus,
+            coordinator=self.coordinator,
+            planner=self,
+            settings=self.router_settings,
+            on_replica_lost=self._on_replica_lost,
+        )
+        record = KernelRecord(kernel_id, session["kernel_name"], gpus, router, dict(session.get("env") or {}))
+        record.started_at = float(session.get("started_at", record.started_at))
+        for registration in registrations:
+            rid = registration.replica_id
+            record.handles[rid] = handles.get(rid) or ReplicaHandle(
+                kernel_id, rid, registration.host, pid=registration.pid, pod=registration.pod
+            )
+            record.next_replica = max(record.next_replica, int(rid) + 1)
+            router.expect(rid)
+        self.kernels[kernel_id] = record
+        await router.bind()
+        await router.start(fresh=False)
+        self.log.info(
+            "kernel %s: re-attached to replicas %s",
+            kernel_id,
+            ", ".join(f"{r.replica_id}@{r.host}" for r in registrations),
         )
 
     async def stop(self) -> None:
@@ -223,8 +312,10 @@ class GatewayPlatform:
                         "gpus": gpus,
                         "ip": ip,
                         "ports": ports,
+                        "key": key.decode(),
                         "signature_scheme": signature_scheme,
                         "started_at": record.started_at,
+                        "env": {k: v for k, v in env.items() if k.startswith("KERNEL_")},
                     }
                 ),
             )
@@ -276,6 +367,7 @@ class GatewayPlatform:
                 protocol.ENV_KEY: router.signer.session.key.decode(),
                 protocol.ENV_SIGNATURE_SCHEME: router.signer.session.signature_scheme,
                 protocol.ENV_IP: "127.0.0.1",
+                "NOTEBOOKOS_STATE_DIR": self.state_dir,
                 protocol.ENV_LEASE_TTL: str(self.replica_lease_ttl),
                 protocol.ENV_GPU_DEVICES: json.dumps(
                     [{"index": d.index, "uuid": d.uuid, "simulated": d.simulated} for d in self.hosts[host].devices]

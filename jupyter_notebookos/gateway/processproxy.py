@@ -105,6 +105,12 @@ class NotebookOSProcessProxy(LocalProcessProxy):
         self.router.exit_code = 0 if self.router.exit_code is None else self.router.exit_code
         self._stopping = asyncio.ensure_future(GatewayPlatform.current().stop_kernel(self.kernel_id, now=now))
 
+    def load_process_info(self, process_info: dict[str, Any]) -> None:
+        """Re-attach (gateway restart): the platform has already rebuilt this kernel's router."""
+        super().load_process_info(process_info)
+        record = GatewayPlatform.current().kernels.get(self.kernel_id)
+        self.router = record.router if record is not None else None
+
     def get_process_info(self) -> dict[str, Any]:
         info = super().get_process_info()
         info["notebookos"] = True

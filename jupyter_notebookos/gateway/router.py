@@ -195,6 +195,7 @@ class ReplicaRouter:
         self.exit_code: int | None = None
 
         self._queue: asyncio.Queue[PendingCell] = asyncio.Queue()
+        self.adopted_cells: list[PendingCell] = []  # running when a previous gateway died
         self._routes: OrderedDict[str, str] = OrderedDict()  # request msg_id -> replica id
         self._stdin_owner: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -227,8 +228,17 @@ class ReplicaRouter:
         if fresh:
             await self.coordinator.delete_prefix(self.keys.kernel_prefix(self.kernel_id))
         snapshot = await self.coordinator.get_prefix(self.keys.kernel_prefix(self.kernel_id))
+        running: list[dict[str, Any]] = []
         for kv in snapshot:
             self._apply_event(WatchEvent(EventType.PUT, kv.key, kv.value, kv.mod_revision, kv.create_revision))
+            section = kv.key[len(self.keys.kernel_prefix(self.kernel_id)) :].partition("/")[0]
+            if section == "executor":
+                # Re-attaching: the executor term in force (later changes are our own, made in memory first).
+                self.executor, self.fence = kv.value.decode(), kv.create_revision
+            elif section == "cells":
+                running.append(json.loads(kv.value))
+        for cell in running:
+            self._adopt_running_cell(cell)
         self._watch = self.coordinator.watch_prefix(
             self.keys.kernel_prefix(self.kernel_id), start_revision=snapshot.revision + 1
         )
@@ -238,6 +248,19 @@ class ReplicaRouter:
         self._spawn(self._client_loop("stdin", self._on_client_stdin))
         self._spawn(self._heartbeat_loop())
         self._spawn(self._dispatch_loop())
+
+    def _adopt_running_cell(self, record: dict[str, Any]) -> None:
+        """A cell that was running when the previous gateway died: release its GPUs when it replies."""
+        header = json.dumps({"msg_id": record["msg_id"], "msg_type": "execute_request"}).encode()
+        request = WireMessage([], b"", header, b"{}", b"{}", b"{}")
+        cell = PendingCell(request, time.monotonic(), attempt=int(record.get("attempt", 1)))
+        cell.seq = int(record.get("seq", 0))
+        cell.grant = CellGrant(str(record["executor"]), str(record["host"]), tuple(record.get("gpus", ())), "adopted")
+        cell.started = time.monotonic()
+        cell.began_executing = True
+        self.log_head = max(self.log_head, cell.seq)
+        self.adopted_cells.append(cell)
+        self._queue.put_nowait(cell)
 
     def expect(self, replica_id: str) -> None:
         """A replica was started for this kernel: count it until it registers or is declared gone."""
@@ -393,6 +416,9 @@ class ReplicaRouter:
                     self._error_reply(cell, "NotebookOSError", f"NotebookOS could not run this cell: {err}")
 
     async def _run_cell(self, cell: PendingCell) -> None:
+        if cell in self.adopted_cells:
+            await self._await_adopted(cell)
+            return
         while True:
             await self._attempt_cell(cell)
             if not cell.retry:
@@ -407,6 +433,18 @@ class ReplicaRouter:
             cell.attempt += 1
             cell.retry, cell.grant, cell.started = False, None, 0.0
             cell.done = asyncio.get_running_loop().create_future()
+
+    async def _await_adopted(self, cell: PendingCell) -> None:
+        assert cell.grant is not None
+        self.running = cell
+        self._remember_route(cell.request.msg_id, cell.grant.replica_id)
+        try:
+            await cell.done
+        finally:
+            self.adopted_cells.remove(cell)
+            self.running = None
+            self.planner.release(self.kernel_id, cell.request.msg_id)
+            await self._release(cell, cell.grant)
 
     async def _attempt_cell(self, cell: PendingCell) -> None:
         msg_id = cell.request.msg_id

@@ -97,6 +97,21 @@ class PlacementRefused(Decision):
 
 
 @dataclass(frozen=True, slots=True)
+class KernelAdopted(Decision):
+    """Kernels that were already running were added to the model (gateway restart)."""
+
+    kernel_ids: tuple[str, ...]
+    replicas: tuple[ReplicaSlot, ...]
+    running_cells: int
+
+    def __str__(self) -> str:
+        where = ", ".join(f"{r.kernel_id}:r{r.replica_id}@{r.host}" for r in self.replicas) or "no replicas"
+        return (
+            f"adopted {len(self.kernel_ids)} running kernel(s) ({where}), {self.running_cells} cell(s) holding GPUs"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class KernelStopped(Decision):
     """A kernel is gone: its replicas, GPUs and queued cells were released."""
 

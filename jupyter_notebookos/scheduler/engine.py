@@ -16,6 +16,7 @@ from . import autoscaling, migration
 from .baselines import reserve_session, run_batch, run_reserved
 from .cluster import Cell, ClusterModel, HostSpec, Kernel, KernelSpec, RunningCellSpec
 from .decisions import (
+    KernelAdopted,
     CellFinished,
     Decision,
     DrainPlan,
@@ -132,6 +133,20 @@ class Scheduler(Configurable):
         if hasattr(self, "settings"):
             self.settings = self._snapshot()
             self.ratio.cap = self.settings.subscription_ratio_cap
+
+    def adopt(
+        self,
+        kernels: Iterable[KernelSpec],
+        replicas: Iterable[ReplicaSlot],
+        running: Iterable[RunningCellSpec] = (),
+        now: float = 0.0,
+    ) -> KernelAdopted:
+        """Add kernels that already run (a restarted gateway re-attaching to them), with their replicas
+        and the cells holding GPUs, exactly as recorded in etcd. Raises ``ValueError`` if inconsistent."""
+        kernels, replicas, running = list(kernels), list(replicas), list(running)
+        self._restore((), kernels, replicas, running)
+        self._tick(now)
+        return KernelAdopted(tuple(k.kernel_id for k in kernels), tuple(replicas), len(running))
 
     def _restore(
         self,
