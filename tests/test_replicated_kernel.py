@@ -458,7 +458,7 @@ def test_a_restarted_gateway_reattaches_to_running_kernels(tmp_path: Path) -> No
         def reattached() -> bool:
             try:
                 return any(k["id"] == kernel_id for k in client.request("GET", "/api/kernels", timeout=2))
-            except Exception:  # noqa: BLE001 - the gateway is coming back
+            except Exception:
                 return False
 
         wait_for(reattached, 60, "the restarted gateway to list the kernel again")

@@ -16,13 +16,13 @@ from . import autoscaling, migration
 from .baselines import reserve_session, run_batch, run_reserved
 from .cluster import Cell, ClusterModel, HostSpec, Kernel, KernelSpec, RunningCellSpec
 from .decisions import (
-    KernelAdopted,
     CellFinished,
     Decision,
     DrainPlan,
     HostChanged,
     HostRemoved,
     Ignored,
+    KernelAdopted,
     KernelStopped,
     MigrateThenRun,
     MigrationCompleted,
