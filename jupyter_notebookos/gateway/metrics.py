@@ -29,6 +29,12 @@ class PlatformMetrics:
             "Cluster subscription ratio: GPUs requested by kernels' replicas per GPU per replica",
             registry=self.registry,
         )
+        self.host_subscription_ratio = Gauge(
+            "notebookos_host_subscription_ratio",
+            "A host's subscription ratio: its pending GPUs / its GPUs / replicas per kernel",
+            ["host"],
+            registry=self.registry,
+        )
         self.kernels = Gauge("notebookos_kernels", "NotebookOS kernels running", registry=self.registry)
         self.replicas = Gauge("notebookos_replicas", "Replicas per host", ["host"], registry=self.registry)
         self.queued_cells = Gauge("notebookos_queued_cells", "Cells waiting for GPUs", registry=self.registry)
@@ -38,7 +44,12 @@ class PlatformMetrics:
             buckets=QUEUED_MS_BUCKETS,
             registry=self.registry,
         )
-        self.cells = Counter("notebookos_cells", "Cells executed, by outcome", ["outcome"], registry=self.registry)
+        self.cells = Counter(
+            "notebookos_cells",
+            "Cells by outcome: finished (ran and released its GPUs) or rejected (refused by the scheduler)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.gpu_seconds_used = Counter(
             "notebookos_gpu_seconds_used",
             "GPU-seconds committed to running cells",

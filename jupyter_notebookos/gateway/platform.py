@@ -31,6 +31,7 @@ from jupyter_notebookos.launchers.base import Launcher, LaunchError, ReplicaHand
 from jupyter_notebookos.replication import protocol
 from jupyter_notebookos.replication.protocol import ReplicaRegistration
 from jupyter_notebookos.scheduler import (
+    CellFinished,
     Decision,
     HostSpec,
     KernelSpec,
@@ -497,6 +498,9 @@ class GatewayPlatform:
         """A cell finished: release its GPUs in the scheduler and start queued cells that now fit."""
         decision = self.scheduler.cell_finished(kernel_id, cell_id, now=self.now())
         self._log_decision(decision)
+        if isinstance(decision, CellFinished) and not decision.was_queued:
+            self.metrics.cells.labels("finished").inc()
+            self.metrics.gpu_seconds_used.inc(decision.ran_s * len(decision.released_devices))
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -523,6 +527,7 @@ class GatewayPlatform:
             {
                 "name": h.name,
                 "gpus": h.gpus,
+                "gpus_idle": h.idle,
                 "gpus_committed": h.committed,
                 "gpus_pending": h.pending,
                 "replicas": h.replicas,
@@ -534,8 +539,16 @@ class GatewayPlatform:
             for h in self.scheduler.hosts()
         ]
         kernels = [self.kernel_summary(kid) for kid in self.kernels]
+        now = self.now()
         queue = [
-            {"kernel_id": q.kernel_id, "cell_id": q.cell_id, "gpus": q.gpus} for q in self.scheduler.queued_cells()
+            {
+                "position": position,
+                "kernel_id": q.kernel_id,
+                "cell_id": q.cell_id,
+                "gpus": q.gpus,
+                "waiting_ms": round(max(0.0, now - q.requested_at) * 1000.0, 1),
+            }
+            for position, q in enumerate(self.scheduler.queued_cells(), start=1)
         ]
         return {
             "hosts": hosts,
@@ -584,8 +597,9 @@ class GatewayPlatform:
             committed, pending = host["gpus_committed"], host["gpus_pending"]
             self.metrics.gpus.labels(host["name"], "committed").set(committed)
             self.metrics.gpus.labels(host["name"], "pending").set(pending)
-            self.metrics.gpus.labels(host["name"], "idle").set(host["gpus"] - committed)
+            self.metrics.gpus.labels(host["name"], "idle").set(host["gpus_idle"])
             self.metrics.replicas.labels(host["name"]).set(host["replicas"])
+            self.metrics.host_subscription_ratio.labels(host["name"]).set(host["subscription_ratio"])
         self.metrics.subscription_ratio.set(snapshot["subscription_ratio"])
         self.metrics.kernels.set(len(snapshot["kernels"]))
         self.metrics.queued_cells.set(len(snapshot["queue"]))
