@@ -55,10 +55,33 @@ class KernelHandler(_NotebookOSHandler):
         self.write_json(self.platform.kernel_summary(kernel_id))
 
 
+class MigrateHandler(_NotebookOSHandler):
+    """``POST /api/notebookos/kernels/{kernel_id}/replicas/{replica_id}/migrate`` (optional ``{"host"}``)."""
+
+    async def post(self, kernel_id: str, replica_id: str) -> None:
+        from jupyter_notebookos.gateway.platform import MigrationRequestError
+
+        target = None
+        if self.request.body:
+            try:
+                body = json.loads(self.request.body)
+            except ValueError:
+                raise web.HTTPError(400, 'the body must be JSON, e.g. {"host": "host-3"}') from None
+            if not isinstance(body, dict) or not isinstance(body.get("host", ""), str | None):
+                raise web.HTTPError(400, 'the body must be a JSON object with an optional string "host"')
+            target = body.get("host") or None
+        try:
+            result = await self.platform.migrate(kernel_id, replica_id, target)
+        except MigrationRequestError as err:
+            raise web.HTTPError(err.status, str(err)) from None
+        self.write_json(result)
+
+
 def notebookos_handlers() -> list[tuple[str, type]]:
     """Our URL patterns (relative to ``base_url``) and their handlers."""
     return [
         (r"/api/notebookos/cluster", ClusterHandler),
         (r"/api/notebookos/kernels/(?P<kernel_id>[^/]+)", KernelHandler),
+        (r"/api/notebookos/kernels/(?P<kernel_id>[^/]+)/replicas/(?P<replica_id>[^/]+)/migrate", MigrateHandler),
         (r"/metrics", MetricsHandler),
     ]

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from jupyter_notebookos.coordination.client import Coordinator
 from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.gateway.metrics import PlatformMetrics
+from jupyter_notebookos.gateway.migration import MigrationRunner
 from jupyter_notebookos.gateway.router import (
     CellGrant,
     CellRejected,
@@ -36,6 +37,9 @@ from jupyter_notebookos.scheduler import (
     HostSpec,
     KernelSpec,
     MigrateThenRun,
+    MigrationCompleted,
+    MigrationFailed,
+    MigrationRefused,
     Placement,
     RejectCell,
     ReplicaLost,
@@ -43,10 +47,17 @@ from jupyter_notebookos.scheduler import (
     RunCell,
     RunningCellSpec,
     Scheduler,
-    WaitInQueue,
 )
 
 log = logging.getLogger(__name__)
+
+
+class MigrationRequestError(Exception):
+    """A migration request that was refused or failed: an HTTP status and a message for the user."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class KernelRequestError(ValueError):
@@ -77,6 +88,30 @@ class KernelRecord:
     handles: dict[str, ReplicaHandle] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     next_replica: int = 3
+    # The scheduler's replica ids (a migrated replica keeps its id there) -> the replica processes' ids.
+    router_ids: dict[int, str] = field(default_factory=dict)
+
+    def router_id(self, scheduler_id: int) -> str:
+        """The replica process that stands for the scheduler's replica ``scheduler_id`` now."""
+        return self.router_ids.get(scheduler_id, str(scheduler_id))
+
+    def scheduler_id(self, router_id: str) -> int | None:
+        """The scheduler's id of the replica process ``router_id`` (None if unknown)."""
+        for sid, rid in self.router_ids.items():
+            if rid == router_id:
+                return sid
+        return int(router_id) if router_id.isdigit() and int(router_id) not in self.router_ids else None
+
+    def fresh_router_id(self, wanted: int) -> str:
+        """A process id for a new replica: the scheduler's id when free, else the next unused number."""
+        used = set(self.handles) | set(self.router_ids.values()) | set(self.router.registrations)
+        if str(wanted) not in used:
+            self.next_replica = max(self.next_replica, wanted + 1)
+            return str(wanted)
+        while str(self.next_replica) in used:
+            self.next_replica += 1
+        self.next_replica += 1
+        return str(self.next_replica - 1)
 
 
 class GatewayPlatform:
@@ -124,9 +159,10 @@ class GatewayPlatform:
         self.kernels: dict[str, KernelRecord] = {}
         self.adopted: list[dict[str, Any]] = []
         self.coordinator: Coordinator | None = None
-        self._waiting: dict[tuple[str, str], asyncio.Future[RunCell]] = {}
+        self._waiting: dict[tuple[str, str], asyncio.Future[RunCell | MigrateThenRun]] = {}
         self._monitor: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.migrations = MigrationRunner(self)
         GatewayPlatform._current = self
 
     @classmethod
@@ -299,7 +335,7 @@ class GatewayPlatform:
             await router.bind()
             await router.start(fresh=True)
             for slot in placement.replicas:
-                await self._start_replica(record, str(slot.replica_id), slot.host)
+                await self._start_replica(record, slot.replica_id, slot.host)
             timeout = launch_timeout or self.router_settings.launch_timeout
             missing = await router.wait_registered(set(record.handles), timeout)
             if missing:
@@ -340,13 +376,21 @@ class GatewayPlatform:
             if not future.done():
                 future.set_exception(CellRejected("the kernel is shutting down"))
         self._log_decision(self.scheduler.stop_kernel(kernel_id, now=self.now()))
-        self._dispatch()
+        self.dispatch()
         if self.coordinator is not None:
             with contextlib.suppress(CoordinationError):
                 await self.coordinator.delete_prefix(self.coordinator.keys.kernel_prefix(kernel_id))
                 await self.coordinator.delete(self.coordinator.keys.kernel(kernel_id))
 
-    async def _start_replica(self, record: KernelRecord, replica_id: str, host: str) -> None:
+    async def _start_replica(self, record: KernelRecord, scheduler_id: int, host: str) -> str:
+        """Start a process for the scheduler's replica ``scheduler_id`` on ``host``; returns its id."""
+        replica_id = record.fresh_router_id(scheduler_id)
+        record.router_ids[scheduler_id] = replica_id
+        await self.start_replica_process(record, replica_id, host)
+        return replica_id
+
+    async def start_replica_process(self, record: KernelRecord, replica_id: str, host: str) -> None:
+        """Start replica process ``replica_id`` of the kernel on ``host`` (the router expects it)."""
         spec = ReplicaSpec(
             kernel_id=record.kernel_id,
             replica_id=replica_id,
@@ -401,9 +445,13 @@ class GatewayPlatform:
         if record is None:
             return
         handle = record.handles.pop(registration.replica_id, None)
-        decision = self.scheduler.replica_lost(router.kernel_id, int(registration.replica_id), now=self.now())
+        scheduler_id = record.scheduler_id(registration.replica_id)
+        if scheduler_id is None:
+            return
+        decision = self.scheduler.replica_lost(router.kernel_id, scheduler_id, now=self.now())
+        record.router_ids.pop(scheduler_id, None)
         self._log_decision(decision)
-        self._dispatch()
+        self.dispatch()
         placed = decision.replacement if isinstance(decision, ReplicaLost) else None
         if not isinstance(placed, Placement):
             # No host could take it now (the decision says why); try again whenever capacity changes.
@@ -421,9 +469,8 @@ class GatewayPlatform:
         if placed is None or record.kernel_id not in self.kernels:
             return
         for slot in placed.replicas:
-            record.next_replica = max(record.next_replica, slot.replica_id + 1)
             try:
-                await self._start_replica(record, str(slot.replica_id), slot.host)
+                await self._start_replica(record, slot.replica_id, slot.host)
             except LaunchError as err:
                 self.log.error(
                     "kernel %s: could not start replacement replica %s on %s: %s",
@@ -437,48 +484,98 @@ class GatewayPlatform:
         """Notice dead replica processes quickly: revoke their lease instead of waiting for it to expire."""
         while True:
             await asyncio.sleep(0.5)
-            for record in list(self.kernels.values()):
-                for rid, handle in list(record.handles.items()):
-                    status = await self.launcher.status(handle)
-                    if status.phase not in (ReplicaPhase.EXITED, ReplicaPhase.FAILED):
-                        continue
-                    registration = record.router.registrations.get(rid)
-                    if registration is not None and self.coordinator is not None:
-                        with contextlib.suppress(CoordinationError):
-                            await self.coordinator.revoke(registration.lease)
-                    elif registration is None and rid not in record.router.expected:
-                        record.handles.pop(rid, None)
+            try:
+                await self._check_replicas()
+            except Exception:  # the monitor must outlive any one failure
+                self.log.exception("checking replica processes failed")
+
+    async def _check_replicas(self) -> None:
+        for record in list(self.kernels.values()):
+            for rid, handle in list(record.handles.items()):
+                status = await self.launcher.status(handle)
+                if status.phase not in (ReplicaPhase.EXITED, ReplicaPhase.FAILED):
+                    continue
+                registration = record.router.registrations.get(rid)
+                if registration is not None and self.coordinator is not None:
+                    with contextlib.suppress(CoordinationError):
+                        await self.coordinator.revoke(registration.lease)
+                elif registration is None and rid in record.router.expected:
+                    record.router.launch_failed(rid, status.reason or status.phase.value)
+                elif registration is None:
+                    record.handles.pop(rid, None)
+
+    async def migrate(self, kernel_id: str, replica_id: str, target: str | None) -> dict[str, Any]:
+        """Move one replica on demand (REST). Raises :class:`MigrationRequestError` when refused or failed."""
+        record = self.kernels.get(kernel_id)
+        if record is None:
+            raise MigrationRequestError(404, f"no NotebookOS kernel {kernel_id}")
+        scheduler_id = record.scheduler_id(replica_id)
+        if replica_id not in record.router.registrations or scheduler_id is None:
+            known = ", ".join(sorted(record.router.registrations)) or "none"
+            raise MigrationRequestError(404, f"kernel {kernel_id} has no replica {replica_id} (replicas: {known})")
+        if target is not None and target not in {h.name for h in self.scheduler.hosts()}:
+            raise MigrationRequestError(404, f"no host {target!r} (hosts: {', '.join(sorted(self.hosts))})")
+        plan = self.scheduler.request_migration(kernel_id, scheduler_id, now=self.now(), target=target)
+        if isinstance(plan, MigrationRefused):
+            self._log_decision(plan)
+            raise MigrationRequestError(409, f"migration refused: {plan.reason}")
+        began = time.monotonic()
+        outcome = await self.migrations.run(plan)
+        if isinstance(outcome, MigrationFailed):
+            raise MigrationRequestError(
+                500, f"migration failed: {outcome.reason}; replica {replica_id} on {plan.source} keeps serving"
+            )
+        return {
+            "kernel_id": kernel_id,
+            "migration_id": plan.migration_id,
+            "replica_id": record.router_id(scheduler_id),
+            "previous_replica_id": replica_id,
+            "from": plan.source,
+            "to": plan.target,
+            "seconds": round(time.monotonic() - began, 3),
+        }
 
     # -- the routers' planner -------------------------------------------------------------------------
 
     async def acquire(self, request: CellRequest, changed: asyncio.Event) -> CellGrant:
-        """Ask the scheduler where the cell runs; wait in its queue when no GPUs are free."""
-        prefer = int(request.prefer) if request.prefer is not None and request.prefer.isdigit() else None
-        decision = self.scheduler.request_cell(
+        """Ask the scheduler where the cell runs; wait in its queue, or for a migration, when it must."""
+        record = self.kernels.get(request.kernel_id)
+        if record is None:
+            raise CellRejected(f"kernel {request.kernel_id} is shutting down")
+        prefer = record.scheduler_id(request.prefer) if request.prefer is not None else None
+        decision: Decision = self.scheduler.request_cell(
             request.kernel_id, request.cell_id, now=self.now(), gpus=request.gpus, prefer=prefer
         )
         self._log_decision(decision)
-        if isinstance(decision, RejectCell):
-            raise CellRejected(decision.reason)
-        if isinstance(decision, WaitInQueue):
-            future: asyncio.Future[RunCell] = asyncio.get_running_loop().create_future()
-            self._waiting[(request.kernel_id, request.cell_id)] = future
-            self.metrics.queued_cells.set(len(self._waiting))
-            try:
-                run = await future
-            finally:
-                self._waiting.pop((request.kernel_id, request.cell_id), None)
-                self.metrics.queued_cells.set(len(self._waiting))
-        elif isinstance(decision, MigrateThenRun):
-            # Migration is executed by the migration issue's code; until then the cell waits for GPUs.
-            self.scheduler.migration_finished(decision.migration.migration_id, now=self.now(), ok=False)
-            return await self.acquire(request, changed)
-        else:
-            run = decision
-        grant = CellGrant(str(run.replica_id), run.host, tuple(run.device_ids), run.detail)
+        while not isinstance(decision, RunCell):
+            if isinstance(decision, RejectCell):
+                raise CellRejected(decision.reason)
+            if isinstance(decision, MigrateThenRun):
+                outcome = await self.migrations.run(decision.migration)
+                if isinstance(outcome, MigrationCompleted) and outcome.run is not None:
+                    decision = outcome.run
+                    continue
+                # The move failed: the scheduler put the cell back at the queue's front.
+            decision = await self._wait_in_queue(request)
+        grant = CellGrant(
+            record.router_id(decision.replica_id), decision.host, tuple(decision.device_ids), decision.detail
+        )
         await self._wait_up_to_date(request, grant, changed)
         self.metrics.queued_ms.observe((time.monotonic() - request.arrived) * 1000.0)
         return grant
+
+    async def _wait_in_queue(self, request: CellRequest) -> RunCell | MigrateThenRun:
+        """Wait until the scheduler's queue dispatches this cell."""
+        key = (request.kernel_id, request.cell_id)
+        future: asyncio.Future[RunCell | MigrateThenRun] = asyncio.get_running_loop().create_future()
+        self._waiting[key] = future
+        self.metrics.queued_cells.set(len(self._waiting))
+        try:
+            self.dispatch()  # it may run right away (e.g. a failed migration freed its reservation)
+            return await future
+        finally:
+            self._waiting.pop(key, None)
+            self.metrics.queued_cells.set(len(self._waiting))
 
     async def _wait_up_to_date(self, request: CellRequest, grant: CellGrant, changed: asyncio.Event) -> None:
         """The chosen replica must hold the state of every earlier cell before it runs this one."""
@@ -501,9 +598,10 @@ class GatewayPlatform:
         if isinstance(decision, CellFinished) and not decision.was_queued:
             self.metrics.cells.labels("finished").inc()
             self.metrics.gpu_seconds_used.inc(decision.ran_s * len(decision.released_devices))
-        self._dispatch()
+        self.dispatch()
 
-    def _dispatch(self) -> None:
+    def dispatch(self) -> None:
+        """Start the queued cells that can run now (after GPUs were released or capacity added)."""
         dispatch = self.scheduler.dispatch_queued(now=self.now())
         for started in dispatch.started:
             self._log_decision(started)
@@ -555,6 +653,7 @@ class GatewayPlatform:
             "subscription_ratio": round(self.scheduler.subscription_limit, 4),
             "kernels": kernels,
             "queue": queue,
+            "migrations": self.migrations.snapshot(),
         }
 
     def kernel_summary(self, kernel_id: str) -> dict[str, Any]:
@@ -576,12 +675,16 @@ class GatewayPlatform:
             )
         summary = router.summary()
         held = record.gpus * (time.time() - record.started_at)
+        waiting = [q.cell_id for q in self.scheduler.queued_cells() if q.kernel_id == kernel_id]
+        state = "running" if summary["running"] else "waiting for GPUs" if waiting else "idle"
         return {
             "kernel_id": kernel_id,
             "kernel_name": record.kernel_name,
             "gpus": record.gpus,
             "replicas": replicas,
             "executor": summary["executor"],
+            "state": state,
+            "waiting_for_gpus": waiting,
             "cells": summary["cells"],
             "queued": summary["queued"],
             "running": summary["running"],

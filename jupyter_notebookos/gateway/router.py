@@ -180,6 +180,8 @@ class ReplicaRouter:
         self.links: dict[str, ReplicaLink] = {}
         self.registrations: dict[str, ReplicaRegistration] = {}
         self.expected: set[str] = set()  # replicas started and not yet gone
+        self.retiring: set[str] = set()  # replicas being retired on purpose (migration): not a loss
+        self.failed: dict[str, str] = {}  # replicas whose process ended before they registered, and why
         self.state_seq: dict[str, int] = {}  # highest log seq each replica has the state of
         self.log_head = 0  # the last seq handed to a cell
         self.published_seq = 0  # the highest seq whose record is in the log (or covered by a checkpoint)
@@ -266,10 +268,36 @@ class ReplicaRouter:
         """A replica was started for this kernel: count it until it registers or is declared gone."""
         self.expected.add(replica_id)
 
-    async def wait_registered(self, replica_ids: set[str], timeout: float) -> set[str]:
-        """Wait until these replicas registered; return those that did not within ``timeout``."""
+    def retire(self, replica_id: str) -> None:
+        """This replica is being stopped on purpose (its replacement holds the state): its end is no loss."""
+        self.retiring.add(replica_id)
+        self.expected.discard(replica_id)
+        if self.executor == replica_id:
+            self.executor, self.fence = None, 0  # the next cell opens a new executor term
+        self.changed.set()
+
+    def launch_failed(self, replica_id: str, reason: str) -> None:
+        """A started replica's process ended before it registered."""
+        self.failed[replica_id] = reason
+        self.expected.discard(replica_id)
+        self.changed.set()
+
+    async def wait_caught_up(self, replica_id: str, timeout: float) -> bool:
+        """Wait until ``replica_id`` holds the state of every cell so far (False on timeout or if it died)."""
         deadline = time.monotonic() + timeout
-        while not replica_ids <= set(self.registrations):
+        while self.state_seq.get(replica_id, -1) < self.log_head:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or replica_id not in self.registrations:
+                return False
+            self.changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), min(remaining, 1.0))
+        return replica_id in self.registrations
+
+    async def wait_registered(self, replica_ids: set[str], timeout: float) -> set[str]:
+        """Wait until these replicas registered; return those that did not within ``timeout`` (or died)."""
+        deadline = time.monotonic() + timeout
+        while not replica_ids <= set(self.registrations) | set(self.failed):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -386,6 +414,10 @@ class ReplicaRouter:
         if self.shutting_down:
             if not self.registrations:
                 self.exit_code = 0
+            return
+        if rid in self.retiring:
+            self.retiring.discard(rid)
+            log.info("kernel %s: replica %s on %s retired", self.kernel_id, rid, registration.host)
             return
         log.warning("kernel %s: replica %s on %s is gone: %s", self.kernel_id, rid, registration.host, why)
         # The scheduler hears of it before the running cell is failed or retried, so it never picks it again.

@@ -1,0 +1,121 @@
+"""Executing the scheduler's migration plans: move one replica of a kernel to another host.
+
+The scheduler decides *what* moves where (:class:`~jupyter_notebookos.scheduler.MigrationPlan`); this module
+does it, in an order that never leaves the kernel with fewer than two up-to-date replicas:
+
+1. start a new replica process on the target (the launcher: a local process, or a pod pinned to the node);
+2. it restores from the checkpoint plus the log and registers; wait until it has applied every record;
+3. switch: the scheduler's replica now is the new process (the router sends it the next cells);
+4. retire the old replica.
+
+A move that fails part-way (the new replica does not come up, dies, or cannot catch up) stops the new
+process and leaves the old replica serving; the decision says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING
+
+from jupyter_notebookos.launchers.base import LaunchError
+from jupyter_notebookos.scheduler import MigrationCompleted, MigrationFailed, MigrationPlan
+
+if TYPE_CHECKING:
+    from jupyter_notebookos.gateway.platform import GatewayPlatform, KernelRecord
+
+
+class MigrationError(RuntimeError):
+    """A migration could not complete; the message says at which step and why."""
+
+
+class MigrationRunner:
+    """Runs migrations for the platform and keeps track of those in flight."""
+
+    def __init__(self, platform: GatewayPlatform) -> None:
+        self.platform = platform
+        self.in_flight: dict[int, dict[str, object]] = {}
+
+    async def run(self, plan: MigrationPlan) -> MigrationCompleted | MigrationFailed:
+        """Execute ``plan``; the scheduler hears the outcome (``migration_finished``) before this returns."""
+        platform = self.platform
+        scheduler = platform.scheduler
+        began = time.monotonic()
+        record = platform.kernels.get(plan.kernel_id)
+        self.in_flight[plan.migration_id] = {
+            "migration_id": plan.migration_id,
+            "kernel_id": plan.kernel_id,
+            "replica_id": plan.replica_id,
+            "source": plan.source,
+            "target": plan.target,
+            "trigger": plan.trigger,
+            "started_at": time.time(),
+        }
+        platform.log.info("scheduler: %s", plan)
+        try:
+            if record is None:
+                raise MigrationError("the kernel is gone")
+            new_rid = await self._bring_up(record, plan)
+        except (MigrationError, LaunchError, OSError) as err:
+            decision: MigrationCompleted | MigrationFailed = scheduler.migration_finished(
+                plan.migration_id, now=platform.now(), ok=False, error=str(err)
+            )  # type: ignore[assignment]
+            outcome = "failed"
+        else:
+            assert record is not None
+            old_rid = record.router_id(plan.replica_id)
+            record.router.retire(old_rid)
+            record.router_ids[plan.replica_id] = new_rid
+            decision = scheduler.migration_finished(plan.migration_id, now=platform.now(), ok=True)  # type: ignore[assignment]
+            old = record.handles.pop(old_rid, None)
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    await platform.launcher.stop_replica(old)
+            outcome = "ok"
+        finally:
+            self.in_flight.pop(plan.migration_id, None)
+        seconds = time.monotonic() - began
+        platform.metrics.migrations.labels(plan.trigger, outcome).inc()
+        platform.metrics.migration_seconds.observe(seconds)
+        platform.log.info("scheduler: %s (%.2f s)", decision, seconds)
+        platform.dispatch()
+        return decision
+
+    async def _bring_up(self, record: KernelRecord, plan: MigrationPlan) -> str:
+        """Start the new replica on the target and wait until it holds the whole state; returns its id."""
+        platform = self.platform
+        router = record.router
+        timeout = platform.router_settings.launch_timeout
+        new_rid = record.fresh_router_id(record.next_replica)
+        try:
+            await platform.start_replica_process(record, new_rid, plan.target)
+            missing = await router.wait_registered({new_rid}, timeout)
+            if missing:
+                raise MigrationError(
+                    f"the new replica {new_rid} on {plan.target} did not register within {timeout:.0f} s"
+                )
+            if not await router.wait_caught_up(new_rid, timeout):
+                raise MigrationError(f"the new replica {new_rid} on {plan.target} did not catch up with the state log")
+        except BaseException:
+            router.retire(new_rid)
+            handle = record.handles.pop(new_rid, None)
+            if handle is not None:
+                with contextlib.suppress(Exception):
+                    await platform.launcher.stop_replica(handle, now=True)
+            raise
+        return new_rid
+
+    def snapshot(self) -> list[dict[str, object]]:
+        """Migrations in flight, for the REST API and ``notebookos status``."""
+        now = time.time()
+        return [
+            {**m, "seconds": round(now - float(m["started_at"]), 3)}  # type: ignore[arg-type]
+            for m in self.in_flight.values()
+        ]
+
+    async def wait_idle(self, timeout: float) -> None:
+        """Wait until no migration is in flight (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)

@@ -1,0 +1,151 @@
+"""Live migration of replicas (issue 5): on demand through REST, and when a cell's replica hosts are all busy."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from support import Platform, start_platform, stop_platform
+
+from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
+
+KERNEL = "python3-notebookos"
+
+
+@pytest.fixture(scope="module")
+def one_gpu_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    """4 hosts with 1 simulated GPU each: three busy hosts are enough to force a migration."""
+    platform = start_platform(tmp_path_factory.mktemp("migration") / "state", "--hosts", "4", "--gpus-per-host", "1")
+    try:
+        yield platform
+    finally:
+        stop_platform(platform)
+
+
+def kernel_info(client: GatewayClient, kernel_id: str) -> dict:
+    return dict(client.request("GET", f"/api/notebookos/kernels/{kernel_id}"))
+
+
+def reply_of(conn: KernelConnection, msg_id: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = conn.receive(deadline - time.monotonic())
+        if msg["channel"] == "shell" and msg["parent_header"].get("msg_id") == msg_id:
+            return msg
+
+
+def test_rest_migration_moves_a_replica_and_the_kernel_keeps_working(one_gpu_hosts: Platform) -> None:
+    client = one_gpu_hosts.client
+    kernel_id = client.start_kernel(KERNEL)
+    try:
+        with client.connect(kernel_id) as conn:
+            conn.execute("import numpy as np\nweights = np.arange(200_000)\nnotes = ['a']")
+            info = kernel_info(client, kernel_id)
+            hosts = {r["host"] for r in info["replicas"]}
+            free = next(
+                h["name"] for h in client.request("GET", "/api/notebookos/cluster")["hosts"] if h["name"] not in hosts
+            )
+            moving = next(r for r in info["replicas"] if r["replica_id"] == info["executor"])
+            result = client.request(
+                "POST",
+                f"/api/notebookos/kernels/{kernel_id}/replicas/{moving['replica_id']}/migrate",
+                json={"host": free},
+            )
+            assert result["from"] == moving["host"] and result["to"] == free
+            after = kernel_info(client, kernel_id)
+            assert sorted(r["host"] for r in after["replicas"]) == sorted((hosts - {moving["host"]}) | {free})
+            assert moving["pid"] not in {r["pid"] for r in after["replicas"]}
+            # The moved replica has the state; run on it explicitly.
+            msg_id = conn.send(
+                "shell",
+                "execute_request",
+                {"code": "notes.append('b')\nint(weights.sum()), notes"},
+                metadata={"notebookos": {"replica": result["replica_id"]}},
+            )
+            reply = reply_of(conn, msg_id, 60)
+            assert reply["content"]["status"] == "ok"
+            assert reply["metadata"]["notebookos"]["host"] == free
+            assert conn.execute("notes").result_text() == "['a', 'b']"
+
+            metrics = client.http.get(one_gpu_hosts.url + "/metrics", timeout=10).text
+            assert 'notebookos_migrations_total{outcome="ok",reason="request"} 1.0' in metrics
+
+            # Clear 4xx errors for what a user can get wrong.
+            base = f"/api/notebookos/kernels/{kernel_id}/replicas"
+            some = after["replicas"][0]
+            for path, body, status, text in [
+                ("/api/notebookos/kernels/nope/replicas/0/migrate", None, 404, "no NotebookOS kernel nope"),
+                (f"{base}/99/migrate", None, 404, "has no replica 99"),
+                (f"{base}/{some['replica_id']}/migrate", {"host": "host-77"}, 404, "no host 'host-77'"),
+                (f"{base}/{some['replica_id']}/migrate", {"host": after["replicas"][1]["host"]}, 409, "refused"),
+                (f"{base}/{some['replica_id']}/migrate", "not json", 400, "must be JSON"),
+            ]:
+                response = client.http.post(
+                    one_gpu_hosts.url + path,
+                    timeout=30,
+                    **({"data": body} if isinstance(body, str) else {"json": body}),
+                )
+                assert response.status_code == status, (path, response.text)
+                assert text in response.json()["message"]
+    finally:
+        client.shutdown_kernel(kernel_id)
+
+
+def test_a_cell_whose_replica_hosts_are_busy_migrates_and_runs(one_gpu_hosts: Platform) -> None:
+    client = one_gpu_hosts.client
+    kernel_id = client.start_kernel(KERNEL)
+    blockers: list[str] = []
+    placements: dict[str, dict[str, str]] = {}
+    conns: list[KernelConnection] = []
+    try:
+        with client.connect(kernel_id) as conn:
+            conn.execute("state = {'x': 1}")
+            hosts = {r["host"] for r in kernel_info(client, kernel_id)["replicas"]}
+            # Occupy the GPU of each of the kernel's hosts with a long cell of another kernel.
+            # placements: blocker kernel -> host -> replica id
+            for host in sorted(hosts):
+                blocker = next((b for b, where in placements.items() if host in where and b not in blockers), None)
+                while blocker is None:
+                    started = client.start_kernel(KERNEL)
+                    placements[started] = {r["host"]: r["replica_id"] for r in kernel_info(client, started)["replicas"]}
+                    blocker = started if host in placements[started] else None
+                blockers.append(blocker)
+                busy = client.connect(blocker)
+                conns.append(busy)
+                busy.send(
+                    "shell",
+                    "execute_request",
+                    {"code": "import time\ntime.sleep(40)", "silent": False},
+                    metadata={"notebookos": {"replica": placements[blocker][host]}},
+                )
+
+            def committed() -> set[str]:
+                return {
+                    h["name"] for h in client.request("GET", "/api/notebookos/cluster")["hosts"] if h["gpus_committed"]
+                }
+
+            deadline = time.monotonic() + 30
+            while not hosts <= committed():
+                assert time.monotonic() < deadline, f"blockers did not occupy {hosts}: {committed()}"
+                time.sleep(0.2)
+            began = time.monotonic()
+            result = conn.execute("state['x'] += 1\nstate", timeout=90)
+            assert result.status == "ok", result.reply["content"]
+            assert result.result_text() == "{'x': 2}"
+            meta = result.notebookos
+            assert meta["host"] not in hosts  # it ran on the fourth host, after a migration
+            assert meta["queued_ms"] >= 100  # the move is part of the interactivity delay
+            assert meta["queued_ms"] <= (time.monotonic() - began) * 1000 + 50
+            info = kernel_info(client, kernel_id)
+            assert meta["host"] in {r["host"] for r in info["replicas"]} and len(info["replicas"]) == 3
+            metrics = client.http.get(one_gpu_hosts.url + "/metrics", timeout=10).text
+            assert 'notebookos_migrations_total{outcome="ok",reason="cell"} 1.0' in metrics
+    finally:
+        for c in conns:
+            c.close()
+        for kid in {kernel_id, *blockers, *placements}:
+            try:
+                client.shutdown_kernel(kid)
+            except GatewayError:
+                pass
