@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 
@@ -145,7 +146,5 @@ def test_a_cell_whose_replica_hosts_are_busy_migrates_and_runs(one_gpu_hosts: Pl
         for c in conns:
             c.close()
         for kid in {kernel_id, *blockers, *placements}:
-            try:
+            with contextlib.suppress(GatewayError):
                 client.shutdown_kernel(kid)
-            except GatewayError:
-                pass
