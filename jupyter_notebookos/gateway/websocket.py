@@ -62,6 +62,7 @@ class KernelChannelsHandler(ZMQChannelsHandler):
     """EG's kernel websocket with TCP_NODELAY, and a session reconnect that never waits on the old socket."""
 
     channels: dict[str, Any]  # channel name -> ZMQStream, as in the stock handler
+    _on_close_called: bool  # tornado's: on_close has run
     _opened: bool
     _superseded: bool
 
@@ -120,7 +121,9 @@ class KernelChannelsHandler(ZMQChannelsHandler):
 
     def open(self, kernel_id: str) -> Any:
         """Open the websocket with TCP_NODELAY; a superseded connection closes instead of connecting."""
-        if self._superseded:
+        if self._superseded or self._on_close_called:
+            # Superseded during the handshake, or the client left during it (tornado already ran
+            # on_close): creating streams now would leak them.
             self.close()
             return None
         # Kernel messages are small frames: without this, each one waits on Nagle and delayed ACKs.
@@ -161,9 +164,9 @@ class KernelChannelsHandler(ZMQChannelsHandler):
             self._close_future.set_result(None)
 
     def close(self, code: int | None = None, reason: str | None = None) -> Any:
-        """Close the websocket; the returned future resolves in `on_close` (or at once if never opened)."""
+        """Close the websocket; the returned future resolves in `on_close` (at once if superseded before opening)."""
         future = super().close()
-        if not self._opened and not self._close_future.done():
+        if self._superseded and not self._opened and not self._close_future.done():
             # Nothing to close yet: the pending handshake fails instead (see pre_get), so do not make a
             # caller wait on an on_close that may never come.
             self._close_future.set_result(None)

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import requests
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,15 +67,32 @@ class Service:
 
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM the process group, then SIGKILL whatever is left after `grace` seconds."""
+        descendants = _descendants(self.proc.pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=grace)
-        # Children (kernels) may outlive the leader: kill the group regardless.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=grace)
+        _kill_survivors(descendants, grace)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    """All processes below `pid`, including those in other process groups (EG gives kernels their own)."""
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _kill_survivors(processes: list[psutil.Process], grace: float) -> None:
+    """SIGKILL those of `processes` that are still running (psutil checks they are the same processes)."""
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(processes, timeout=grace)
 
 
 def _spawn(name: str, argv: list[str], env: dict[str, str], workdir: Path) -> Service:
@@ -172,6 +190,7 @@ class Browser:
 
     def quit(self) -> None:
         """Close Chromium and chromedriver, and kill anything they left behind."""
+        descendants = _descendants(self.chromedriver.pid) if self.chromedriver is not None else []
         with contextlib.suppress(Exception):
             self.driver.quit()  # type: ignore[attr-defined]
         if self.chromedriver is not None:
@@ -179,6 +198,7 @@ class Browser:
                 os.killpg(self.chromedriver.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.chromedriver.wait(timeout=5)
+        _kill_survivors(descendants, 5)
 
 
 def start_browser(workdir: Path) -> Browser:
@@ -243,7 +263,13 @@ const done = arguments[arguments.length - 1];
 const app = window.jupyterapp;
 window.__nbosOpened = performance.now();
 app.commands.execute('notebook:create-new', {kernelName: kernelName}).then(async (panel) => {
+  window.__nbosPanel = panel;
   await panel.context.ready;
+  // The session and its kernel exist (they may still be connecting: Lab queues the request until then).
+  // Running earlier can race Lab's own kernel swap when a new notebook opens, which drops the request in
+  // the browser; no user types a cell that fast.
+  await panel.sessionContext.ready;
+  window.__nbosKernelAtRun = panel.sessionContext.session && panel.sessionContext.session.kernel.id;
   const cell = panel.content.activeCell;
   cell.model.sharedModel.setSource(source);
   panel.content.activate();
@@ -254,6 +280,21 @@ app.commands.execute('notebook:create-new', {kernelName: kernelName}).then(async
 }, (e) => done('could not open a notebook: ' + e));
 """
 
+_PAGE_STATE = """
+const app = window.jupyterapp;
+const widget = app.shell.currentWidget;
+const panel = window.__nbosPanel;
+return {
+  current: widget ? widget.title.label : null,
+  notebook: panel ? panel.title.label : null,
+  kernel: panel ? panel.sessionContext.kernelDisplayStatus : null,
+  kernelId: panel && panel.sessionContext.session ? panel.sessionContext.session.kernel.id : null,
+  kernelAtRun: window.__nbosKernelAtRun,
+  cells: panel ? panel.content.widgets.map((c) => [c.model.sharedModel.getSource(), c.model.executionCount]) : null,
+  prompts: Array.from(document.querySelectorAll('.jp-InputPrompt')).map((e) => e.innerText),
+};
+"""
+
 _OUTPUT_TEXTS = """
 return Array.from(document.querySelectorAll(
   '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell .jp-OutputArea-output'
@@ -261,7 +302,7 @@ return Array.from(document.querySelectorAll(
 """
 
 
-def time_first_output(browser: Browser, lab: Service, expected: str = "2", timeout: float = 300.0) -> float:
+def time_first_output(browser: Browser, lab: Service, expected: str = "2", timeout: float = 60.0) -> float:
     """Open a new python3 notebook in Lab, run `print(1+1)`, and return the seconds until `expected`
     shows in the cell's output area (measured from the moment the notebook is asked for)."""
     driver = browser.driver
@@ -279,7 +320,8 @@ def time_first_output(browser: Browser, lab: Service, expected: str = "2", timeo
         if expected in driver.execute_script(_OUTPUT_TEXTS):  # type: ignore[attr-defined]
             return time.monotonic() - started
         time.sleep(0.05)
-    raise TimeoutError(f"no output {expected!r} within {timeout} s")
+    state = driver.execute_script(_PAGE_STATE)  # type: ignore[attr-defined]
+    raise TimeoutError(f"no output {expected!r} within {timeout} s; page: {state}")
 
 
 def main() -> int:
