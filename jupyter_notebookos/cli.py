@@ -180,22 +180,52 @@ def print_cluster(cluster: dict[str, Any], console: Console) -> None:
     kernels = cluster.get("kernels", [])
     if kernels:
         table = Table(title="Kernels")
-        for column in ("kernel", "replicas", "executor", "GPUs/cell", "state"):
+        for column in ("kernel", "replicas", "executor", "GPUs/cell", "state", "cells"):
             table.add_column(column)
         for k in kernels:
             table.add_row(
                 str(k.get("kernel_id")),
-                ", ".join(str(r) for r in k.get("replicas", [])),
+                ", ".join(_replica_text(r) for r in k.get("replicas", [])),
                 str(k.get("executor") or "-"),
                 str(k.get("gpus", "")),
-                str(k.get("state", "")),
+                _kernel_state(k),
+                str(k.get("cells", "")),
             )
         console.print(table)
     else:
         console.print("No NotebookOS kernels.")
     queue = cluster.get("queue", [])
     if queue:
-        console.print(f"Queued cells: {len(queue)}")
+        waiting = Table(title=f"Queued cells ({len(queue)}, waiting for GPUs)")
+        for column in ("#", "kernel", "cell", "GPUs", "waiting"):
+            waiting.add_column(column, justify="right" if column in ("#", "GPUs", "waiting") else "left")
+        for position, q in enumerate(queue, start=1):
+            waiting.add_row(
+                str(q.get("position", position)),
+                str(q.get("kernel_id")),
+                str(q.get("cell_id")),
+                str(q.get("gpus", "")),
+                f"{float(q.get('waiting_ms', 0.0)) / 1000.0:.1f} s",
+            )
+        console.print(waiting)
+    else:
+        console.print("Queued cells: none")
+
+
+def _replica_text(replica: Any) -> str:
+    """``0@host-1`` for a ready replica, ``0@host-1 (starting)`` otherwise."""
+    if not isinstance(replica, dict):
+        return str(replica)
+    text = f"{replica.get('replica_id')}@{replica.get('host')}"
+    state = replica.get("state", "ready")
+    return text if state == "ready" else f"{text} ({state})"
+
+
+def _kernel_state(kernel: dict[str, Any]) -> str:
+    """What a kernel is doing: running a cell, waiting for GPUs, or idle."""
+    if kernel.get("state"):
+        return str(kernel["state"])
+    return "running" if kernel.get("running") else "idle"
 
 
 if __name__ == "__main__":
