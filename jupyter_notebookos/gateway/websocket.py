@@ -9,9 +9,8 @@ behind Nagle's algorithm and the client's delayed ACK. A trivial cell takes abou
 **A reconnect with the same session id stalls for minutes.** JupyterLab 4 talking to a Jupyter server with
 ``--gateway-url`` showed its first cell output only after about 100 s. The chain of causes:
 
-1. The browser opens the kernel websocket and closes it again within milliseconds (Lab's kernel connection
-   is set up twice when a notebook opens), then opens a new one with the same ``session_id`` (Lab's
-   ``clientId``).
+1. When a notebook opens, the browser opens the kernel websocket, closes it again within milliseconds and
+   opens a new one with the same ``session_id`` (Lab's ``clientId``); seen on every new notebook.
 2. The Jupyter server proxies each browser websocket with one upstream websocket to the gateway
    (jupyter_server 2.x ``gateway/connections.py``, ``GatewayWebSocketConnection``). Its ``disconnect()``
    cannot cancel an upstream ``websocket_connect`` still in flight (tornado futures ignore ``cancel()``), and
@@ -24,10 +23,11 @@ behind Nagle's algorithm and the client's delayed ACK. A trivial cell takes abou
    frame. It resolves when the abandoned TCP connection finally dies, after the Jupyter server's upstream
    ``request_timeout`` (42 s by default), and by then the Jupyter server has given up on the second
    handshake too and retries.
-4. The given-up second handler gets ``on_close`` although it never opened. The stock ``on_close`` then
-   decrements the kernel's connection count it never incremented and, seeing zero connections, starts
-   "buffering" for the session with an empty channel dict. The retry restores that empty dict and
-   ``nudge()`` fails with ``KeyError: 'iopub'``; only a later retry succeeds, about 100 s after the start.
+4. Handlers whose client already gave up still finish their handshakes, and the stock ``on_close`` also runs
+   for a handler that never opened: it decrements a connection count it never incremented and, when the
+   count reads zero, "buffers" the session with whatever channels the handler had, possibly none. The
+   next retry "restores" that buffer and ``nudge()`` fails with ``KeyError: 'iopub'``; only a later retry
+   (if any) gets through. Measured here: no output within 200-300 s; DESIGN.md noted about 100 s.
 
 The fix, in our handler rather than in the installed packages:
 
@@ -38,6 +38,12 @@ The fix, in our handler rather than in the installed packages:
   handshake, that handshake is refused (HTTP 409) and it never creates streams.
 - ``on_close`` of a handler that never opened touches neither the connection count nor the buffer.
 - ``nudge()`` re-creates any missing or closed channel first, so it never hits a missing channel.
+- A handler whose client left during its handshake never creates streams.
+
+Why this is right: a session id names one client, and the newest connection for it is the live one; an
+older one can only be abandoned or dead, so waiting for it can never help, and its ZMQ streams (same
+identity) belong to the newcomer. The fault is triggered by the Jupyter server's gateway client, which we
+do not control (users bring their own Lab/Notebook), so the gateway must tolerate it.
 
 `handler_overrides()` lists the URL patterns this module serves, for the gateway app to install in place of
 EG's own handler (see `install_overrides`).

@@ -329,6 +329,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gateway", choices=("stock", "handler", "notebookos"), default="handler")
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the output")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="nbos-lab-"))
@@ -341,7 +342,10 @@ def main() -> int:
         services.append(lab)
         for run in range(args.runs):
             browser = start_browser(workdir / f"run{run}")
-            print(f"{args.gateway}: first output after {time_first_output(browser, lab):.1f} s", flush=True)
+            print(
+                f"{args.gateway}: first output after {time_first_output(browser, lab, timeout=args.timeout):.1f} s",
+                flush=True,
+            )
             browser.quit()
             browser = None
     finally:
