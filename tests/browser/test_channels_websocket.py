@@ -136,3 +136,28 @@ def test_reconnect_takes_over_an_open_connection_without_losing_output(handler_g
     finally:
         with contextlib.suppress(Exception):
             old.close()
+
+
+def test_gateway_app_serves_kernel_channels_with_our_handler() -> None:
+    from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
+    from jupyter_notebookos.gateway.websocket import KernelChannelsHandler
+
+    app = NotebookOSGatewayApp()
+    channels = [h for h in app._create_request_handlers() if h[0].endswith("/channels")]
+    assert [h[1] for h in channels] == [KernelChannelsHandler]
+
+
+def test_install_overrides_fails_loudly_when_the_route_is_missing() -> None:
+    from jupyter_notebookos.gateway.websocket import KernelChannelsHandler, install_overrides
+
+    handlers = install_overrides([("/gw/api/kernels", object), *_eg_channels_route("/gw")], "/gw")
+    assert handlers[1][1] is KernelChannelsHandler
+    with pytest.raises(LookupError):
+        install_overrides([("/gw/api/kernels", object)], "/gw")
+
+
+def _eg_channels_route(base_url: str) -> list[tuple[str, type]]:
+    from enterprise_gateway.services.kernels.handlers import default_handlers
+    from jupyter_server.utils import url_path_join
+
+    return [(url_path_join("/", base_url, p), c) for p, c in default_handlers if p.endswith("/channels")]
