@@ -31,6 +31,23 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value:g}")
+    return value
+
+
+def _gateway_option(text: str) -> str:
+    name, sep, _ = text.partition("=")
+    if not sep or "." not in name or not name.replace(".", "").replace("_", "").isalnum():
+        raise argparse.ArgumentTypeError(f"{text!r} is not Class.trait=VALUE (e.g. Scheduler.min_hosts=2)")
+    return text
+
+
 def _port(text: str) -> int:
     value = _int(text)
     if not 0 <= value < 65536:
@@ -69,6 +86,23 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--etcd-members", type=int, choices=(1, 3), default=1, help="etcd cluster size (1 or 3)")
     up.add_argument("--state-dir", type=Path, default=Path(".state"), help="local state (default ./.state)")
     up.add_argument("--notebook-dir", type=Path, default=Path.cwd(), help="JupyterLab's root directory")
+    up.add_argument(
+        "--gateway-option",
+        action="append",
+        default=[],
+        metavar="Class.trait=VALUE",
+        type=_gateway_option,
+        help="pass a configuration option to the gateway, e.g. Scheduler.scale_in_delay_s=30 (repeatable)",
+    )
+    up.add_argument(
+        "--autoscale", action="store_true", help="add and remove simulated hosts with the load (autoscaler)"
+    )
+    up.add_argument(
+        "--provisioning-delay",
+        type=_non_negative_float,
+        default=30.0,
+        help="seconds a new simulated host takes to be ready (default 30, like a cloud VM)",
+    )
 
     status = sub.add_parser("status", help="hosts, GPUs and kernels of a running platform")
     status.add_argument("--url", help="gateway URL (default: the one `notebookos up` in --state-dir started)")
@@ -111,6 +145,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         etcd_members=args.etcd_members,
         state_dir=args.state_dir,
         notebook_dir=args.notebook_dir,
+        autoscale=args.autoscale,
+        provisioning_delay=args.provisioning_delay,
+        gateway_options=list(args.gateway_option),
     )
     try:
         return EmbeddedPlatform(options).run()
@@ -210,6 +247,28 @@ def print_cluster(cluster: dict[str, Any], console: Console) -> None:
         console.print(waiting)
     else:
         console.print("Queued cells: none")
+    migrations = cluster.get("migrations", [])
+    if migrations:
+        moving = Table(title=f"Migrations in progress ({len(migrations)})")
+        for column in ("#", "kernel", "replica", "from", "to", "why", "for"):
+            moving.add_column(column)
+        for m in migrations:
+            moving.add_row(
+                f"m{m.get('migration_id')}",
+                str(m.get("kernel_id")),
+                f"r{m.get('replica_id')}",
+                str(m.get("source")),
+                str(m.get("target")),
+                str(m.get("trigger")),
+                f"{m.get('seconds', 0):.1f} s",
+            )
+        console.print(moving)
+    scaling = cluster.get("scaling") or {}
+    if scaling.get("enabled"):
+        draining = ", ".join(scaling.get("draining", [])) or "none"
+        console.print(f"Autoscaling: {scaling.get('provisioning', 0)} host(s) provisioning, draining: {draining}")
+        for event in scaling.get("recent", [])[-3:]:
+            console.print(f"  {event.get('decision')}")
 
 
 def _replica_text(replica: Any) -> str:

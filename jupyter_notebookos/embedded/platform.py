@@ -51,6 +51,9 @@ class UpOptions:
     etcd_members: int = 1
     state_dir: Path = field(default_factory=lambda: Path(".state"))
     notebook_dir: Path = field(default_factory=Path.cwd)
+    autoscale: bool = False
+    provisioning_delay: float = 30.0
+    gateway_options: list[str] = field(default_factory=list)
     start_timeout: float = 60.0
 
 
@@ -283,6 +286,9 @@ class EmbeddedPlatform:
             f"--NotebookOSGatewayApp.simulated_hosts={opts.hosts}",
             f"--NotebookOSGatewayApp.gpus_per_host={opts.gpus_per_host}",
             f"--NotebookOSGatewayApp.state_dir={self.state_dir}",
+            f"--NotebookOSGatewayApp.autoscale={opts.autoscale}",
+            f"--SimulatedHostProvisioner.provisioning_delay={opts.provisioning_delay}",
+            *(f"--{option}" for option in opts.gateway_options),
         ]
 
     def _gateway_env(self) -> dict[str, str]:

@@ -22,11 +22,12 @@ from typing import Any
 from enterprise_gateway.enterprisegatewayapp import EnterpriseGatewayApp
 from jupyter_server.utils import url_path_join
 from tornado import ioloop
-from traitlets import Integer, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Float, Integer, List, TraitError, Unicode, default, validate
 
 from jupyter_notebookos.gateway.handlers import notebookos_handlers
 from jupyter_notebookos.gateway.platform import GatewayPlatform
 from jupyter_notebookos.launchers.local import LocalLauncher
+from jupyter_notebookos.launchers.provisioning import SimulatedHostProvisioner
 from jupyter_notebookos.scheduler import Scheduler
 
 try:  # the stale-session fix and TCP_NODELAY (see that module's docstring)
@@ -42,7 +43,7 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
 
     name = "notebookos-gateway"
     description = "NotebookOS: GPU-efficient replicated notebook kernels on Jupyter Enterprise Gateway"
-    classes = [*EnterpriseGatewayApp.classes, Scheduler, LocalLauncher]
+    classes = [*EnterpriseGatewayApp.classes, Scheduler, LocalLauncher, SimulatedHostProvisioner]
 
     etcd_endpoints = List(
         Unicode(),
@@ -94,6 +95,14 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
             "file://" + os.path.join(os.path.abspath(self.state_dir), "objects"),
         )
 
+    autoscale = Bool(
+        False,
+        config=True,
+        help="Embedded mode: let the autoscaler add and remove simulated hosts with the load.",
+    )
+
+    autoscale_interval = Float(5.0, config=True, help="Seconds between autoscaling rounds.")
+
     @validate("simulated_hosts")
     def _validate_hosts(self, proposal: Any) -> int:
         if proposal["value"] < 1:
@@ -119,6 +128,15 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
 
     def init_configurables(self) -> None:
         super().init_configurables()
+        scheduler = Scheduler(parent=self)
+        # The autoscaler thinks in hosts of the embedded mode's size unless configured otherwise.
+        if "gpus_per_host" not in self.config.get("Scheduler", {}):
+            scheduler.gpus_per_host = max(1, self.gpus_per_host)
+        sized = (
+            {}
+            if "gpus_per_host" in self.config.get("SimulatedHostProvisioner", {})
+            else {"gpus_per_host": self.gpus_per_host}
+        )
         self.platform = GatewayPlatform(
             etcd_endpoints=self.etcd_endpoints,
             etcd_prefix=self.etcd_prefix,
@@ -127,8 +145,10 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
             gpus_per_host=self.gpus_per_host,
             state_dir=self.state_dir,
             object_store_url=self.object_store_url,
-            scheduler=Scheduler(parent=self),
+            scheduler=scheduler,
             launcher=LocalLauncher(parent=self, log_dir=os.path.join(self.state_dir, "replicas")),
+            provisioner=SimulatedHostProvisioner(parent=self, existing=self.simulated_hosts, **sized),
+            autoscale_interval=self.autoscale_interval if self.autoscale else 0.0,
             log=self.log,
         )
 

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from jupyter_notebookos.coordination.client import Coordinator
 from jupyter_notebookos.coordination.errors import CoordinationError
+from jupyter_notebookos.gateway.autoscaler import Autoscaler
 from jupyter_notebookos.gateway.metrics import PlatformMetrics
 from jupyter_notebookos.gateway.migration import MigrationRunner
 from jupyter_notebookos.gateway.router import (
@@ -29,6 +30,7 @@ from jupyter_notebookos.gateway.router import (
 )
 from jupyter_notebookos.gpu.discovery import GpuDevice, host_devices, nvml_devices
 from jupyter_notebookos.launchers.base import Launcher, LaunchError, ReplicaHandle, ReplicaPhase, ReplicaSpec
+from jupyter_notebookos.launchers.provisioning import HostProvisioner
 from jupyter_notebookos.replication import protocol
 from jupyter_notebookos.replication.protocol import ReplicaRegistration
 from jupyter_notebookos.scheduler import (
@@ -131,6 +133,8 @@ class GatewayPlatform:
         object_store_url: str,
         scheduler: Scheduler | None = None,
         launcher: Launcher,
+        provisioner: HostProvisioner | None = None,
+        autoscale_interval: float = 0.0,
         router_settings: RouterSettings | None = None,
         replica_lease_ttl: int = protocol.DEFAULT_LEASE_TTL,
         log: logging.Logger | Any = log,
@@ -163,6 +167,11 @@ class GatewayPlatform:
         self._monitor: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.migrations = MigrationRunner(self)
+        self.autoscaler = (
+            Autoscaler(self, provisioner, autoscale_interval)
+            if provisioner is not None and autoscale_interval > 0
+            else None
+        )
         GatewayPlatform._current = self
 
     @classmethod
@@ -194,6 +203,8 @@ class GatewayPlatform:
             await self.coordinator.put(self.coordinator.keys.host(host.name), json.dumps(record))
         self.adopted = await self._reattach()
         self._monitor = asyncio.ensure_future(self._monitor_replicas())
+        if self.autoscaler is not None:
+            self.autoscaler.start()
         self.log.info(
             "NotebookOS platform up: %d hosts, %d GPUs, etcd at %s",
             len(self.hosts),
@@ -289,6 +300,8 @@ class GatewayPlatform:
         """Stop every kernel's replicas and release etcd."""
         if self._monitor is not None:
             self._monitor.cancel()
+        if self.autoscaler is not None:
+            await self.autoscaler.stop()
         for kernel_id in list(self.kernels):
             await self.stop_kernel(kernel_id, now=True)
         if self.coordinator is not None:
@@ -504,6 +517,38 @@ class GatewayPlatform:
                 elif registration is None:
                     record.handles.pop(rid, None)
 
+    async def add_host(self, name: str, gpus: int) -> None:
+        """A new host is ready (autoscaling): the scheduler may place replicas and run cells there."""
+        host = HostRecord(name, host_devices(name, gpus, real=[]))
+        self.hosts[name] = host
+        self._log_decision(
+            self.scheduler.add_host(HostSpec(name, gpus, tuple(d.index for d in host.devices), True), now=self.now())
+        )
+        if self.coordinator is not None:
+            await self.coordinator.put(
+                self.coordinator.keys.host(name), json.dumps({"name": name, "gpus": gpus, "simulated": True})
+            )
+        self.dispatch()
+        self._place_missing()
+
+    async def remove_host(self, name: str) -> None:
+        """A drained, empty host leaves the cluster."""
+        self._log_decision(self.scheduler.remove_host(name, now=self.now()))
+        self.hosts.pop(name, None)
+        if self.coordinator is not None:
+            with contextlib.suppress(CoordinationError):
+                await self.coordinator.delete(self.coordinator.keys.host(name))
+
+    def _place_missing(self) -> None:
+        """Kernels short of replicas (no host could take a replacement before) get them now."""
+        for record in list(self.kernels.values()):
+            placed = self.scheduler.place_missing_replicas(record.kernel_id, now=self.now())
+            if isinstance(placed, Placement):
+                self._log_decision(placed)
+                task = asyncio.ensure_future(self._replace(record, None, placed))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
     async def migrate(self, kernel_id: str, replica_id: str, target: str | None) -> dict[str, Any]:
         """Move one replica on demand (REST). Raises :class:`MigrationRequestError` when refused or failed."""
         record = self.kernels.get(kernel_id)
@@ -654,6 +699,7 @@ class GatewayPlatform:
             "kernels": kernels,
             "queue": queue,
             "migrations": self.migrations.snapshot(),
+            "scaling": self.autoscaler.snapshot() if self.autoscaler is not None else {"enabled": False},
         }
 
     def kernel_summary(self, kernel_id: str) -> dict[str, Any]:
