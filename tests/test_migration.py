@@ -148,3 +148,54 @@ def test_a_cell_whose_replica_hosts_are_busy_migrates_and_runs(one_gpu_hosts: Pl
         for kid in {kernel_id, *blockers, *placements}:
             with contextlib.suppress(GatewayError):
                 client.shutdown_kernel(kid)
+
+
+def test_a_target_killed_during_migration_leaves_the_old_replica_serving(one_gpu_hosts: Platform) -> None:
+    import os
+    import signal
+    import threading
+
+    client = one_gpu_hosts.client
+    kernel_id = client.start_kernel(KERNEL)
+    try:
+        with client.connect(kernel_id) as conn:
+            conn.execute("survivor = 'still here'")
+            info = kernel_info(client, kernel_id)
+            before = {r["replica_id"]: r for r in info["replicas"]}
+            moving = info["replicas"][0]
+            outcome: dict[str, object] = {}
+
+            def migrate() -> None:
+                try:
+                    outcome["result"] = client.request(
+                        "POST", f"/api/notebookos/kernels/{kernel_id}/replicas/{moving['replica_id']}/migrate"
+                    )
+                except GatewayError as err:
+                    outcome["error"] = str(err)
+
+            thread = threading.Thread(target=migrate)
+            thread.start()
+            deadline = time.monotonic() + 30
+            newcomer = None
+            while newcomer is None and time.monotonic() < deadline:
+                newcomer = next(
+                    (
+                        r
+                        for r in kernel_info(client, kernel_id)["replicas"]
+                        if r["replica_id"] not in before and r["pid"]
+                    ),
+                    None,
+                )
+                time.sleep(0.05)
+            assert newcomer is not None, "the migration never started a new replica"
+            os.kill(newcomer["pid"], signal.SIGKILL)
+            thread.join(90)
+            assert "error" in outcome, outcome
+            assert "HTTP 500" in str(outcome["error"]) and "keeps serving" in str(outcome["error"])
+            after = kernel_info(client, kernel_id)
+            assert {r["replica_id"] for r in after["replicas"]} == set(before)
+            assert conn.execute("survivor").result_text() == "'still here'"
+            metrics = client.http.get(one_gpu_hosts.url + "/metrics", timeout=10).text
+            assert 'notebookos_migrations_total{outcome="failed",reason="request"} 1.0' in metrics
+    finally:
+        client.shutdown_kernel(kernel_id)
