@@ -1,0 +1,105 @@
+"""Run `notebookos up --no-lab` as a child process: for benchmarks, tests and scripts that need a platform.
+
+``PlatformProcess.start(state_dir, "--hosts", "4")`` returns once the gateway answers (its runtime file is
+written); ``stop()`` sends SIGTERM (the platform stops everything it started) and kills whatever is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from jupyter_notebookos.client import GatewayClient
+from jupyter_notebookos.embedded.platform import RUNTIME_FILE
+
+NOTEBOOKOS = [sys.executable, "-m", "jupyter_notebookos.cli"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def processes_of(state_dir: Path) -> list[psutil.Process]:
+    """Every process whose command line or environment names ``state_dir`` (etcd, gateway, replicas)."""
+    found = []
+    marker = str(state_dir)
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.pid == os.getpid():
+                continue
+            cmdline = " ".join(proc.info.get("cmdline") or [])
+            if marker in cmdline or proc.environ().get("NOTEBOOKOS_STATE_DIR") == marker:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+@dataclass
+class PlatformProcess:
+    """A running `notebookos up --no-lab`."""
+
+    process: subprocess.Popen[bytes]
+    state_dir: Path
+    url: str
+    token: str
+    log: Path
+
+    @classmethod
+    def start(cls, state_dir: Path, *args: str, timeout: float = 90.0, cwd: Path | None = None) -> PlatformProcess:
+        """Start the platform with ``args`` and wait until it is up (or raise with the end of its output)."""
+        state_dir = state_dir.resolve()
+        state_dir.parent.mkdir(parents=True, exist_ok=True)
+        log = state_dir.parent / f"{state_dir.name}-up.log"
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                [*NOTEBOOKOS, "up", "--no-lab", "--state-dir", str(state_dir), "--port", str(free_port()), *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+            )
+        runtime = state_dir / RUNTIME_FILE
+        deadline = time.monotonic() + timeout
+        while not runtime.exists():
+            if process.poll() is not None:
+                raise RuntimeError(f"notebookos up exited with {process.returncode}:\n{log.read_text()}")
+            if time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"notebookos up did not come up in {timeout} s:\n{log.read_text()}")
+            time.sleep(0.1)
+        info = json.loads(runtime.read_text())
+        return cls(process, state_dir, info["gateway_url"], info["token"], log)
+
+    @property
+    def client(self) -> GatewayClient:
+        return GatewayClient(self.url, self.token)
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM (everything it started stops), then kill anything of its state dir still alive."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        for proc in processes_of(self.state_dir):
+            proc.kill()
