@@ -19,7 +19,7 @@ import contextlib
 import time
 from typing import TYPE_CHECKING
 
-from jupyter_notebookos.launchers.base import LaunchError
+from jupyter_notebookos.launchers.base import LaunchError, ReplicaHandle
 from jupyter_notebookos.scheduler import MigrationCompleted, MigrationFailed, MigrationPlan
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ class MigrationRunner:
     def __init__(self, platform: GatewayPlatform) -> None:
         self.platform = platform
         self.in_flight: dict[int, dict[str, object]] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
 
     async def run(self, plan: MigrationPlan) -> MigrationCompleted | MigrationFailed:
         """Execute ``plan``; the scheduler hears the outcome (``migration_finished``) before this returns."""
@@ -69,9 +70,10 @@ class MigrationRunner:
             record.router_ids[plan.replica_id] = new_rid
             decision = scheduler.migration_finished(plan.migration_id, now=platform.now(), ok=True)  # type: ignore[assignment]
             old = record.handles.pop(old_rid, None)
-            if old is not None:
-                with contextlib.suppress(Exception):
-                    await platform.launcher.stop_replica(old)
+            if old is not None:  # retired: nothing waits for it to exit
+                task = asyncio.ensure_future(self._retire(old))
+                self._retiring.add(task)
+                task.add_done_callback(self._retiring.discard)
             outcome = "ok"
         finally:
             self.in_flight.pop(plan.migration_id, None)
@@ -81,6 +83,10 @@ class MigrationRunner:
         platform.log.info("scheduler: %s (%.2f s)", decision, seconds)
         platform.dispatch()
         return decision
+
+    async def _retire(self, handle: ReplicaHandle) -> None:
+        with contextlib.suppress(Exception):
+            await self.platform.launcher.stop_replica(handle)
 
     async def _bring_up(self, record: KernelRecord, plan: MigrationPlan) -> str:
         """Start the new replica on the target and wait until it holds the whole state; returns its id."""
