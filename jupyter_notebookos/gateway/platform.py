@@ -532,9 +532,22 @@ class GatewayPlatform:
         self._place_missing()
 
     async def remove_host(self, name: str) -> None:
-        """A drained, empty host leaves the cluster."""
-        self._log_decision(self.scheduler.remove_host(name, now=self.now()))
+        """A host leaves the cluster: drained and empty (scale-in), or lost (a node gone). Replicas that were
+        still on it are lost; their replacements, placed by the scheduler, are started elsewhere."""
+        decision = self.scheduler.remove_host(name, now=self.now())
+        self._log_decision(decision)
         self.hosts.pop(name, None)
+        for lost in getattr(decision, "lost", ()):
+            record = self.kernels.get(lost.replica.kernel_id)
+            if record is None:
+                continue
+            rid = record.router_ids.pop(lost.replica.replica_id, str(lost.replica.replica_id))
+            record.router.retire(rid)  # the scheduler already knows; its end is not a second loss
+            placed = lost.replacement if isinstance(lost.replacement, Placement) else None
+            task = asyncio.ensure_future(self._replace(record, record.handles.pop(rid, None), placed))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self.dispatch()
         if self.coordinator is not None:
             with contextlib.suppress(CoordinationError):
                 await self.coordinator.delete(self.coordinator.keys.host(name))

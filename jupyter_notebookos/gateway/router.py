@@ -418,11 +418,11 @@ class ReplicaRouter:
         if rid in self.retiring:
             self.retiring.discard(rid)
             log.info("kernel %s: replica %s on %s retired", self.kernel_id, rid, registration.host)
-            return
-        log.warning("kernel %s: replica %s on %s is gone: %s", self.kernel_id, rid, registration.host, why)
-        # The scheduler hears of it before the running cell is failed or retried, so it never picks it again.
-        if self.on_replica_lost is not None:
-            self.on_replica_lost(self, registration, why)
+        else:
+            log.warning("kernel %s: replica %s on %s is gone: %s", self.kernel_id, rid, registration.host, why)
+            # The scheduler hears of it before the running cell is failed or retried, so it is not picked again.
+            if self.on_replica_lost is not None:
+                self.on_replica_lost(self, registration, why)
         cell = self.running
         if cell is not None and cell.grant is not None and cell.grant.replica_id == rid and not cell.done.done():
             self._fail_running_cell(cell, registration, why)
