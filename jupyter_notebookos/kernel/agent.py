@@ -42,6 +42,11 @@ MAX_DELETES_PER_TXN = 100
 #: How long a publication keeps retrying while etcd is unreachable (the lease watchdog ends it sooner when
 #: the outage outlives the lease).
 PUBLISH_RETRY_SECONDS = 30.0
+#: Least time between two puts of a follower's applied seq. The first report after a quiet spell goes out at
+#: once; during a burst of cells the reports coalesce, so a follower writes to etcd a few times a second
+#: instead of once per cell. Every applied put is an etcd write plus a watch event for the gateway, and on a
+#: busy host those compete with the cell in flight for the same cores.
+APPLIED_REPORT_INTERVAL = 0.1
 
 
 class CoordinationThread:
@@ -206,17 +211,25 @@ class ReplicaAgent:
 
     async def _report_applied_loop(self) -> None:
         assert self._applied_wakeup is not None
+        loop = asyncio.get_running_loop()
+        last_put = -APPLIED_REPORT_INTERVAL
         while True:
             await self._applied_wakeup.wait()
             self._applied_wakeup.clear()
             while self._applied_target > self._applied_reported and not self._stopping:
+                pause = last_put + APPLIED_REPORT_INTERVAL - loop.time()
+                if pause > 0:
+                    await asyncio.sleep(pause)  # records applied meanwhile ride along in this put
                 target = self._applied_target
+                if target <= self._applied_reported:
+                    break  # a publication of ours reported it meanwhile
                 try:
                     await self._co().put(self.keys.applied(self.kid, self.rid), str(target), lease=self.lease)
                     self._applied_reported = max(self._applied_reported, target)
                 except CoordinationError as exc:
                     log.warning("could not report applied seq %d (will retry): %s", target, exc)
                     await asyncio.sleep(0.2)
+                last_put = loop.time()
 
     async def publish(self, record: LogRecord, fence: int) -> PublishOutcome:
         """Write ``record`` in one transaction fenced on the executor key's create_revision.

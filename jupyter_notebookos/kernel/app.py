@@ -17,7 +17,7 @@ import signal
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, cast
 
 import psutil
 from ipykernel.kernelapp import IPKernelApp
@@ -104,6 +104,10 @@ class ReplicaApp(IPKernelApp):
         )  # raises EtcdUnavailable / QuorumLost: __main__ turns it into one line
 
         super().initialize([] if argv is None else argv)
+        if isinstance(self.log, logging.Logger):
+            # traitlets leaves the application's logger at DEBUG and filters in its handler, so ipykernel's
+            # debug calls (several per message) each build a record that is then dropped.
+            self.log.setLevel(cast(int, self.log_level))
         kernel: ReplicaKernel = self.kernel
         kernel.attach(
             settings, self.agent, StateLog(ObjectStore(settings.object_store_url), settings.replica_id)

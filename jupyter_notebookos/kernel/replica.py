@@ -69,6 +69,18 @@ def _log_failure(what: str) -> Any:
     return check
 
 
+def _chain(source: concurrent.futures.Future[Any], target: concurrent.futures.Future[Any]) -> None:
+    """Give ``target`` the outcome of the finished ``source``."""
+    if source.cancelled():
+        target.cancel()
+        return
+    exc = source.exception()
+    if exc is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())
+
+
 @dataclass
 class _Cell:
     """The directed cell being handled."""
@@ -98,7 +110,10 @@ class ReplicaKernel(IPythonKernel):
         self.statelog = statelog
         self.gpus = GpuBinding(settings.gpus)
         assert self.shell is not None
-        self.tracker = StateTracker(self.shell.user_ns, hidden=self.shell.user_ns_hidden)
+        # The shell's own transformer manager (built once): a new one per cell costs about a millisecond.
+        self.tracker = StateTracker(
+            self.shell.user_ns, hidden=self.shell.user_ns_hidden, transform=self.shell.transform_cell
+        )
         self.applied = FIRST_SEQ - 1
         self._records: dict[int, LogRecord] = {}
         self._record_arrived = asyncio.Event()
@@ -147,6 +162,10 @@ class ReplicaKernel(IPythonKernel):
 
     def on_record(self, record: LogRecord) -> None:
         """A log record arrived (called on the coordination thread)."""
+        if record.seq <= self.applied:
+            # Our own record coming back (or one a restore covered): _queue_record would drop it, so do not
+            # wake the kernel's loop for it. A stale read of ``applied`` only means a wasted wake-up.
+            return
         assert self.io_loop is not None
         self.io_loop.add_callback(self._queue_record, record)
 
@@ -310,32 +329,51 @@ class ReplicaKernel(IPythonKernel):
         self._last_fence = directive.fence
 
         async def publish() -> PublishOutcome:
-            loop = asyncio.get_running_loop()
             started = time.perf_counter()
-            try:
-                record = await loop.run_in_executor(None, statelog.finish, pending, directive.seq, msg_id)
-            finally:
+            if pending.empty:
+                # Nothing to upload: build the record here rather than hop to a worker thread for it.
                 uploaded.set_result(None)
+                record = statelog.finish(pending, directive.seq, msg_id)
+            else:
+                try:
+                    loop = asyncio.get_running_loop()
+                    record = await loop.run_in_executor(None, statelog.finish, pending, directive.seq, msg_id)
+                finally:
+                    uploaded.set_result(None)
             uploaded_ms = (time.perf_counter() - started) * 1e3
             outcome = await agent.publish(record, directive.fence)
-            log.info(
+            took_ms = (time.perf_counter() - started) * 1e3
+            # One line per cell at INFO only when there is something to say: a log write per trivial cell
+            # is a measurable share of its cost.
+            level = logging.INFO if pending.views or not outcome.written or took_ms > 100 else logging.DEBUG
+            log.log(
+                level,
                 "record %d (%d names, %d buffers) %s in %.1f ms (upload %.1f ms)%s",
                 directive.seq,
                 len(record.names),
                 len(pending.views),
                 "published" if outcome.written else "refused",
-                (time.perf_counter() - started) * 1e3,
+                took_ms,
                 uploaded_ms,
                 "" if outcome.written else f": {outcome.reason}",
             )
             return outcome
 
-        future = agent.thread.submit(publish())
         self._uploading = uploaded
-        self._in_flight.add(future)
         loop = self.io_loop
         assert loop is not None
-        future.add_done_callback(lambda f: loop.add_callback(self._on_published, f))
+        # Counted as in flight from now on (shutdown waits for it), although it starts a moment later.
+        outcome: concurrent.futures.Future[PublishOutcome] = concurrent.futures.Future()
+        self._in_flight.add(outcome)
+        outcome.add_done_callback(lambda f: loop.add_callback(self._on_published, f))
+
+        def submit() -> None:
+            agent.thread.submit(publish()).add_done_callback(lambda f: _chain(f, outcome))
+
+        # Start it on the loop's next turn, after ipykernel has published this cell's "idle" status: the
+        # client waits for that message, and the publication's etcd round trip need not run ahead of it.
+        # The next request cannot overtake it: it waits in _quiesce for ``uploaded``, set by publish().
+        loop.add_callback(submit)
 
     async def _maybe_checkpoint(self, seq: int) -> None:
         """Checkpoint the namespace if enough log records could then be deleted (a dispatch).
@@ -448,11 +486,13 @@ class ReplicaKernel(IPythonKernel):
                     cell.pending = serialize_delta(delta, self.settings.buffer_threshold)
                     if cell.pending.warning:
                         messages.append(cell.pending.warning)
-                    log.info(
+                    took_ms = (time.perf_counter() - captured) * 1e3
+                    log.log(
+                        logging.INFO if cell.pending.views or took_ms > 50 else logging.DEBUG,
                         "cell %d: delta of %d names captured and pickled in %.1f ms before the reply",
                         cell.directive.seq,
                         len(cell.pending.names),
-                        (time.perf_counter() - captured) * 1e3,
+                        took_ms,
                     )
                 except Exception as exc:
                     log.exception("capturing the state delta failed")

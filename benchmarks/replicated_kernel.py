@@ -1,0 +1,300 @@
+"""Replicated kernel vs plain kernel, through Enterprise Gateway's REST + websocket API, in one run.
+
+Starts one platform (`notebookos up --no-lab`: etcd, our gateway, simulated hosts) and, unless
+``--no-stock``, a stock Enterprise Gateway beside it, then measures, interleaving the kernels so that noise
+on a shared machine hits both alike:
+
+- trivial-cell latency (``pass``): p50 / p99 over ``--cells`` cells after a warm-up, for a plain ``python3``
+  kernel and a ``python3-notebookos`` kernel on our gateway (TCP_NODELAY on its websocket), and a plain kernel
+  on stock EG (no TCP_NODELAY: our handler sets it unconditionally, so the stock baseline is the stock server);
+- kernel start until the first cell has run (POST /api/kernels, websocket, first reply), ``--starts`` kernels
+  of each kind;
+- a cell creating a 100 MB numpy array: reply latency, and the time from the reply until every follower
+  reports that it applied the cell's log record (``applied_seq`` in GET /api/notebookos/kernels/{id});
+- trivial-cell latency again with the 100 MB array in the namespace.
+
+Prints a table with the ratios (NotebookOS / plain) and the issue's targets. Not a timed test.
+
+    .venv/bin/python benchmarks/replicated_kernel.py [--quick] [--cells N] [--no-stock]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from jupyter_notebookos.client import CellResult, GatewayClient, KernelConnection  # noqa: E402
+from tests.support import free_port, processes_of, start_platform, stop_platform  # noqa: E402
+
+PLAIN, NOTEBOOKOS = "python3", "python3-notebookos"
+ARRAY_CELL = "big = np.random.default_rng({i}).random(100 * 1024 * 1024 // 8)"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+@dataclass
+class Kernel:
+    """A started kernel and its open websocket."""
+
+    client: GatewayClient
+    kernel_id: str
+    conn: KernelConnection
+    latencies: list[float] = field(default_factory=list)
+    last_reply: CellResult | None = None
+
+    def run(self, code: str, timeout: float = 120.0) -> float:
+        result = self.conn.execute(code, timeout)
+        if result.status != "ok":
+            raise RuntimeError(f"cell {code!r} failed on {self.kernel_id}: {result.reply['content']}")
+        self.last_reply = result
+        return result.seconds
+
+    def close(self) -> None:
+        self.conn.close()
+        try:
+            self.client.shutdown_kernel(self.kernel_id)
+        except Exception as exc:  # the platform's shutdown stops it anyway
+            print(f"shutting down {self.kernel_id}: {exc}", file=sys.stderr)
+
+
+def start_kernel(client: GatewayClient, name: str) -> tuple[Kernel, float]:
+    """Start a kernel and run its first cell; returns it and the seconds until that cell's reply."""
+    began = time.perf_counter()
+    kid = client.start_kernel(name)
+    kernel = Kernel(client, kid, client.connect(kid))
+    kernel.run("pass")
+    return kernel, time.perf_counter() - began
+
+
+@contextmanager
+def stock_gateway(workdir: Path, token: str) -> Iterator[GatewayClient]:
+    """A stock Enterprise Gateway (its own websocket handler, without TCP_NODELAY) on a free port."""
+    port = free_port()
+    log = open(workdir / "stock-eg.log", "wb")  # noqa: SIM115 - the child writes to it
+    env = dict(os.environ, EG_AUTH_TOKEN=token, EG_UNAUTHORIZED_USERS="", EG_LIST_KERNELS="True")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "enterprise_gateway", "--ip=127.0.0.1", f"--port={port}", "--port_retries=0"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=workdir,
+        start_new_session=True,
+    )
+    log.close()
+    client = GatewayClient(f"http://127.0.0.1:{port}", token)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.request("GET", "/api/kernelspecs", timeout=2)
+                break
+            except Exception:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"stock EG did not start:\n{(workdir / 'stock-eg.log').read_text()}") from None
+                time.sleep(0.2)
+        yield client
+    finally:
+        children: list[psutil.Process] = []
+        with suppress(psutil.Error):
+            children = psutil.Process(process.pid).children(recursive=True)
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+        for child in children:
+            with suppress(psutil.Error):
+                child.kill()
+
+
+def interleaved_latency(kernels: dict[str, Kernel], cells: int, warmup: int, block: int = 10) -> None:
+    """Run ``pass`` on every kernel, ``block`` cells at a time in turn, recording each round trip."""
+    for kernel in kernels.values():
+        for _ in range(warmup):
+            kernel.run("pass")
+        kernel.latencies = []
+    done = 0
+    while done < cells:
+        n = min(block, cells - done)
+        for kernel in kernels.values():
+            for _ in range(n):
+                kernel.latencies.append(kernel.run("pass"))
+        done += n
+
+
+def wait_applied(client: GatewayClient, kernel_id: str, seq: int, timeout: float = 60.0) -> float:
+    """Seconds until every replica of the kernel reports ``applied_seq >= seq`` (polled every 5 ms)."""
+    began = time.perf_counter()
+    while time.perf_counter() - began < timeout:
+        info = client.request("GET", f"/api/notebookos/kernels/{kernel_id}")
+        replicas = info["replicas"]
+        if len(replicas) >= 3 and all(r["applied_seq"] >= seq for r in replicas):
+            return time.perf_counter() - began
+        time.sleep(0.005)
+    return float("inf")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer cells and kernels (about a minute)")
+    parser.add_argument("--cells", type=int, help="trivial cells measured per kernel (default 200; quick 60)")
+    parser.add_argument("--starts", type=int, help="kernels started per kind (default 4; quick 2)")
+    parser.add_argument("--arrays", type=int, help="100 MB array cells per kind (default 3; quick 1)")
+    parser.add_argument("--no-stock", action="store_true", help="skip the stock Enterprise Gateway baseline")
+    args = parser.parse_args(argv)
+    cells = args.cells or (60 if args.quick else 200)
+    starts = args.starts or (2 if args.quick else 4)
+    arrays = args.arrays or (1 if args.quick else 3)
+    warmup = 10 if args.quick else 30
+    console = Console(width=150)
+
+    with tempfile.TemporaryDirectory(prefix="nbos-bench-") as tmp, ExitStack() as stack:
+        workdir = Path(tmp)
+        console.print(f"starting the platform in {workdir} ...")
+        platform = start_platform(workdir / "state")
+        stack.callback(_stop_platform, platform)
+        ours = platform.client
+        stock = stack.enter_context(stock_gateway(workdir, platform.token)) if not args.no_stock else None
+
+        # -- kernel start, interleaved ----------------------------------------------------------------
+        start_times: dict[str, list[float]] = {PLAIN: [], NOTEBOOKOS: []}
+        for i in range(starts):
+            for name in (PLAIN, NOTEBOOKOS) if i % 2 == 0 else (NOTEBOOKOS, PLAIN):
+                kernel, seconds = start_kernel(ours, name)
+                start_times[name].append(seconds)
+                kernel.close()
+        console.print(f"kernel starts: { {k: [round(v, 2) for v in s] for k, s in start_times.items()} }")
+
+        # -- trivial cells ------------------------------------------------------------------------------
+        kernels: dict[str, Kernel] = {}
+        for label, client, name in [
+            ("plain", ours, PLAIN),
+            ("notebookos", ours, NOTEBOOKOS),
+            *([("stock", stock, PLAIN)] if stock is not None else []),
+        ]:
+            kernels[label] = start_kernel(client, name)[0]
+            stack.callback(kernels[label].close)
+        interleaved_latency(kernels, cells, warmup)
+        trivial = {label: list(k.latencies) for label, k in kernels.items()}
+
+        # -- 100 MB array ---------------------------------------------------------------------------------
+        plain, nos = kernels["plain"], kernels["notebookos"]
+        for kernel in (plain, nos):
+            kernel.run("import numpy as np")
+        array_reply: dict[str, list[float]] = {"plain": [], "notebookos": []}
+        applied: list[float] = []
+        for i in range(arrays):
+            for label in ("plain", "notebookos") if i % 2 == 0 else ("notebookos", "plain"):
+                kernel = kernels[label]
+                array_reply[label].append(kernel.run(ARRAY_CELL.format(i=i)))
+                if label == "notebookos":
+                    assert kernel.last_reply is not None
+                    seq = int(kernel.last_reply.notebookos["seq"])
+                    applied.append(wait_applied(ours, kernel.kernel_id, seq))
+
+        # -- trivial cells with 100 MB of state -----------------------------------------------------------
+        with_state = {"plain": plain, "notebookos": nos}
+        interleaved_latency(with_state, max(20, cells // 4), 5)
+        trivial_big = {label: list(k.latencies) for label, k in with_state.items()}
+
+    report(console, trivial, start_times, array_reply, applied, trivial_big)
+    leftovers = processes_of(workdir / "state")
+    if leftovers:
+        console.print(f"[red]left-over processes: {[p.pid for p in leftovers]}[/red]")
+        return 1
+    return 0
+
+
+def _stop_platform(platform: object) -> None:
+    stop_platform(platform)  # type: ignore[arg-type]
+
+
+def report(
+    console: Console,
+    trivial: dict[str, list[float]],
+    start_times: dict[str, list[float]],
+    array_reply: dict[str, list[float]],
+    applied: list[float],
+    trivial_big: dict[str, list[float]],
+) -> None:
+    ms: Callable[[float], str] = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
+    table = Table(title="NotebookOS replicated kernel vs plain EG kernel (same run, same machine)")
+    for col in ("measure", "plain EG (nodelay)", "NotebookOS", "ratio / added", "target"):
+        table.add_column(col)
+    p_med, n_med = statistics.median(trivial["plain"]), statistics.median(trivial["notebookos"])
+    table.add_row(
+        f"trivial cell p50 ({len(trivial['plain'])} cells)",
+        ms(p_med),
+        ms(n_med),
+        f"{n_med / p_med:.2f}x, +{(n_med - p_med) * 1e3:.1f} ms",
+        "<= +5 ms",
+    )
+    p99, n99 = percentile(trivial["plain"], 0.99), percentile(trivial["notebookos"], 0.99)
+    table.add_row("trivial cell p99", ms(p99), ms(n99), f"{n99 / p99:.2f}x", "")
+    if "stock" in trivial:
+        s_med, s99 = statistics.median(trivial["stock"]), percentile(trivial["stock"], 0.99)
+        table.add_row(
+            "stock EG (no nodelay) p50 / p99",
+            "",
+            f"stock: {ms(s_med)} / {ms(s99)}",
+            f"NotebookOS {s_med / n_med:.1f}x faster at p50",
+            "faster than stock",
+        )
+    ps, ns = statistics.median(start_times[PLAIN]), statistics.median(start_times[NOTEBOOKOS])
+    table.add_row(
+        f"start to first cell, median of {len(start_times[PLAIN])}",
+        f"{ps:.2f} s",
+        f"{ns:.2f} s",
+        f"{ns / ps:.2f}x",
+        "<= 1.5x",
+    )
+    pa, na = statistics.median(array_reply["plain"]), statistics.median(array_reply["notebookos"])
+    table.add_row(
+        f"100 MB array cell reply, median of {len(array_reply['plain'])}",
+        ms(pa),
+        ms(na),
+        f"{na / pa:.2f}x ({(na / pa - 1) * 100:+.0f} %)",
+        "<= +10 %",
+    )
+    table.add_row(
+        "followers applied it, after the reply",
+        "",
+        f"{max(applied):.2f} s (max of {len(applied)})",
+        "",
+        "< 2 s",
+    )
+    pb, nb = statistics.median(trivial_big["plain"]), statistics.median(trivial_big["notebookos"])
+    table.add_row(
+        f"trivial cell p50 with 100 MB state ({len(trivial_big['plain'])} cells)",
+        ms(pb),
+        ms(nb),
+        f"{nb / pb:.2f}x, +{(nb - pb) * 1e3:.1f} ms",
+        "",
+    )
+    console.print(table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
