@@ -26,10 +26,12 @@ from kernel_socket import (
 )
 from lab_stack import Service
 
-# A trivial cell takes ~9 ms with TCP_NODELAY and ~48 ms without: without it every cell waits on a delayed
-# ACK (>= 40 ms on Linux), so even the fastest quarter of stock EG's cells takes > 43 ms. We bound the first
-# quartile rather than the median so that CPU contention on a busy 2-core CI runner cannot fail the test.
-TRIVIAL_CELL_P25_BOUND_MS = 30.0
+# A trivial cell takes ~9 ms with TCP_NODELAY and ~48 ms without: without it *every* cell waits on a delayed
+# ACK (>= 40 ms on Linux), so even stock EG's fastest cells take > 43 ms (measured: never less in 600 cells).
+# We bound the fast tail (5th percentile) rather than the median, because CPU contention on a busy 2-core
+# runner can push the median of a correct gateway past 40 ms (measured up to 75 ms at load 9), while it
+# cannot make a gateway without TCP_NODELAY fast.
+FAST_TAIL_BOUND_MS = 30.0
 
 
 @pytest.fixture
@@ -84,9 +86,9 @@ def test_trivial_cells_do_not_wait_on_delayed_acks(handler_gateway: Service, ker
         millis = [client.execute("1")[1] * 1000 for _ in range(60)]
     finally:
         client.close()
-    p25, p50, _ = statistics.quantiles(millis, n=4)
-    print(f"trivial cell through the websocket: p25 {p25:.1f} ms, p50 {p50:.1f} ms, max {max(millis):.1f} ms")
-    assert p25 < TRIVIAL_CELL_P25_BOUND_MS, f"p25 {p25:.1f} ms, p50 {p50:.1f} ms: cells wait on delayed ACKs"
+    p5, p50 = statistics.quantiles(millis, n=20)[0], statistics.median(millis)
+    print(f"trivial cell through the websocket: p5 {p5:.1f} ms, p50 {p50:.1f} ms, max {max(millis):.1f} ms")
+    assert p5 < FAST_TAIL_BOUND_MS, f"p5 {p5:.1f} ms, p50 {p50:.1f} ms: every cell waits on a delayed ACK"
 
 
 def test_reconnect_while_the_first_handshake_is_pending(handler_gateway: Service, kernel: str) -> None:
