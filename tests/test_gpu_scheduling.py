@@ -27,6 +27,7 @@ from support import REPO, Platform, start_platform, stop_platform
 
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
 from jupyter_notebookos.coordination.client import Coordinator
+from jupyter_notebookos.gpu.discovery import nvml_devices
 
 KERNEL = "python3-notebookos"
 T = TypeVar("T")
@@ -238,7 +239,11 @@ def test_a_cell_waits_fifo_while_every_host_is_busy_and_runs_when_gpus_free(
         time.sleep(0.2)  # the second cell arrives later: FIFO means it also starts later
         second_id = second.send("'second'")
 
-        queue = wait_for(lambda: cluster(client)["queue"], 10, "the queue to show the waiting cells")
+        def both_queued() -> list[dict[str, Any]] | None:
+            queue = cluster(client)["queue"]
+            return queue if len(queue) >= 2 else None
+
+        queue = wait_for(both_queued, 10, "the queue to show both cells")
         assert [(q["kernel_id"], q["cell_id"]) for q in queue][:2] == [
             (first.kernel_id, first_id),
             (second.kernel_id, second_id),
@@ -395,3 +400,15 @@ def test_two_gpu_kernels_bind_both_devices(shared_up: Platform) -> None:
         wait_for(lambda: committed(client)[host] == 0, 10, "both GPUs to be released")
     finally:
         client.shutdown_kernel(kernel_id)
+
+
+def test_gpu_check_skips_cleanly_without_a_gpu() -> None:
+    if nvml_devices():
+        pytest.skip("this machine has an NVIDIA GPU: run benchmarks/gpu_check.py itself")
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py")], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "skipped: no NVIDIA GPU (NVML not found)"
+    assert time.monotonic() - began < 30  # it starts no platform

@@ -734,8 +734,16 @@ class GatewayPlatform:
             )
         summary = router.summary()
         held = record.gpus * (time.time() - record.started_at)
-        waiting = [q.cell_id for q in self.scheduler.queued_cells() if q.kernel_id == kernel_id]
-        state = "running" if summary["running"] else "waiting for GPUs" if waiting else "idle"
+        scheduled = self.scheduler.kernel(kernel_id)
+        waiting = list(scheduled.queued) if scheduled is not None else []
+        cell = scheduled.running if scheduled is not None else None
+        # The scheduler knows first: a dispatched cell holds its GPUs before the router has forwarded it.
+        if summary["running"] or (cell is not None and cell.started_at is not None):
+            state = "running"
+        elif cell is not None:
+            state = "waiting for a migration"
+        else:
+            state = "waiting for GPUs" if waiting else "idle"
         return {
             "kernel_id": kernel_id,
             "kernel_name": record.kernel_name,
