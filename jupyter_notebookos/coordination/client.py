@@ -19,7 +19,9 @@ import contextlib
 import ipaddress
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -127,6 +129,74 @@ def _grpc_target(endpoints: Sequence[str]) -> str:
     return "ipv4:" + ",".join(addresses) if all("[" not in a for a in addresses) else "ipv6:" + ",".join(addresses)
 
 
+@dataclass(frozen=True)
+class EtcdTls:
+    """Client TLS for etcd: PEM file paths of the CA that signed etcd's serving certificates, and of this
+    client's certificate and key (both or neither: etcd's ``--client-cert-auth``).
+
+    ``server_name`` is the name checked against etcd's certificate. Endpoints given by host name are
+    resolved to addresses (one balanced channel over every member), so by default the first endpoint's host
+    name is checked; set it when members' certificates share another name (e.g. the etcd Service's).
+    """
+
+    ca_cert: str = ""
+    cert: str = ""
+    key: str = ""
+    server_name: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.cert) != bool(self.key):
+            raise ValueError(
+                "etcd TLS needs both a client certificate and its key (or neither): "
+                f"cert={self.cert or '(none)'}, key={self.key or '(none)'}"
+            )
+        if not (self.ca_cert or self.cert):
+            raise ValueError("etcd TLS needs a CA certificate, a client certificate and key, or both")
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str], ca_var: str, cert_var: str, key_var: str, server_name_var: str = ""
+    ) -> EtcdTls | None:
+        """The TLS settings named by these environment variables, or ``None`` when none is set."""
+        values = [env.get(name, "").strip() if name else "" for name in (ca_var, cert_var, key_var, server_name_var)]
+        if not any(values[:3]):
+            return None
+        try:
+            return cls(*values)
+        except ValueError as err:
+            raise ValueError(f"{err} (from {cert_var} and {key_var})") from None
+
+    def _read(self, path: str, what: str) -> bytes | None:
+        if not path:
+            return None
+        try:
+            return Path(path).read_bytes()
+        except OSError as err:
+            raise CoordinationError(
+                f"cannot read the etcd TLS {what} {path}: {err.strerror or err}; check the TLS settings "
+                "(NOTEBOOKOS_ETCD_CA_CERT / _CERT / _KEY) and that the secret is mounted there"
+            ) from None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """gRPC channel credentials from the PEM files (read now; a missing file fails with its path)."""
+        return grpc.ssl_channel_credentials(
+            root_certificates=self._read(self.ca_cert, "CA certificate"),
+            private_key=self._read(self.key, "client key"),
+            certificate_chain=self._read(self.cert, "client certificate"),
+        )
+
+    def target_name(self, endpoints: Sequence[str]) -> str:
+        """The name to check etcd's certificate against: ``server_name``, else the first endpoint's host name."""
+        if self.server_name:
+            return self.server_name
+        host = endpoints[0].split("://", 1)[-1].rstrip("/").rpartition(":")[0].strip("[]")
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return host
+        return ""  # an address: gRPC checks it against the certificate's IP SANs
+
+
 class Coordinator:
     """A connection to an etcd cluster, shared by everything in one process.
 
@@ -143,6 +213,7 @@ class Coordinator:
         timeout: float = DEFAULT_TIMEOUT,
         prefix: str = DEFAULT_PREFIX,
         attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
+        tls: EtcdTls | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint is needed")
@@ -150,7 +221,16 @@ class Coordinator:
         self.timeout = timeout
         self.attempt_timeout = attempt_timeout
         self.keys = KeyLayout(prefix)
-        self._channel = grpc.aio.insecure_channel(_grpc_target(self.endpoints), options=_CHANNEL_OPTIONS)
+        self.tls = tls
+        target = _grpc_target(self.endpoints)
+        if tls is None:
+            self._channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        else:
+            options = list(_CHANNEL_OPTIONS)
+            name = tls.target_name(self.endpoints)
+            if name:
+                options.append(("grpc.ssl_target_name_override", name))
+            self._channel = grpc.aio.secure_channel(target, tls.credentials(), options=options)
         self._kv = _proto.KVStub(self._channel)
         self._lease = _proto.LeaseStub(self._channel)
         self._watch = _proto.WatchStub(self._channel)
@@ -167,16 +247,18 @@ class Coordinator:
         timeout: float = DEFAULT_TIMEOUT,
         prefix: str = DEFAULT_PREFIX,
         attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
+        tls: EtcdTls | None = None,
     ) -> Coordinator:
         """Connect to etcd at ``endpoints`` (``"host:port"``; any member will do).
 
         ``timeout`` bounds every call (retries included) unless the call passes its own;
-        ``attempt_timeout`` bounds one attempt of a call that may be retried (not transactions).
+        ``attempt_timeout`` bounds one attempt of a call that may be retried (not transactions);
+        ``tls`` makes the channel a TLS one (etcd's ``https://`` client URLs).
 
         Raises:
             EtcdUnavailable: no endpoint answered within ``timeout`` seconds.
         """
-        coordinator = cls(endpoints, timeout=timeout, prefix=prefix, attempt_timeout=attempt_timeout)
+        coordinator = cls(endpoints, timeout=timeout, prefix=prefix, attempt_timeout=attempt_timeout, tls=tls)
         try:
             # Status is answered by any live member, leader or not: connecting needs no quorum.
             await coordinator._unary(

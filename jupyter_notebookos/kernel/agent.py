@@ -129,7 +129,10 @@ class ReplicaAgent:
 
     async def _connect(self, timeout: float) -> None:
         self.coordinator = await Coordinator.connect(
-            self.settings.etcd_endpoints, prefix=self.settings.etcd_prefix, timeout=timeout
+            self.settings.etcd_endpoints,
+            prefix=self.settings.etcd_prefix,
+            timeout=timeout,
+            tls=self.settings.etcd_tls,
         )
         self.lease = await self.coordinator.grant_lease(self.settings.lease_ttl)
         self._applied_wakeup = asyncio.Event()

@@ -7,6 +7,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from jupyter_notebookos.coordination.client import EtcdTls
 from jupyter_notebookos.coordination.keys import DEFAULT_PREFIX
 from jupyter_notebookos.gpu.binding import HostGpu
 from jupyter_notebookos.replication import protocol as p
@@ -52,6 +53,7 @@ class ReplicaSettings:
     buffer_threshold: int = p.DEFAULT_BUFFER_THRESHOLD
     checkpoint_every: int = p.DEFAULT_CHECKPOINT_EVERY
     pod: str | None = None
+    etcd_tls: EtcdTls | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ReplicaSettings:
@@ -79,6 +81,9 @@ class ReplicaSettings:
         )
         try:
             gpus = HostGpu.parse_env(env.get(p.ENV_GPU_DEVICES))
+            etcd_tls = EtcdTls.from_env(
+                env, p.ENV_ETCD_CA_CERT, p.ENV_ETCD_CERT, p.ENV_ETCD_KEY, p.ENV_ETCD_SERVER_NAME
+            )
         except ValueError as exc:
             raise ReplicaConfigError(str(exc)) from None
         return cls(
@@ -97,4 +102,5 @@ class ReplicaSettings:
             buffer_threshold=_int(env, p.ENV_BUFFER_THRESHOLD, p.DEFAULT_BUFFER_THRESHOLD, 0),
             checkpoint_every=_int(env, p.ENV_CHECKPOINT_EVERY, p.DEFAULT_CHECKPOINT_EVERY, 1),
             pod=env.get(p.ENV_POD_NAME, "").strip() or None,
+            etcd_tls=etcd_tls,
         )

@@ -71,6 +71,11 @@ ENV_GPU_DEVICES = (
 ENV_BUFFER_THRESHOLD = "NOTEBOOKOS_BUFFER_THRESHOLD"  # bytes above which buffers go to the object store
 ENV_CHECKPOINT_EVERY = "NOTEBOOKOS_CHECKPOINT_EVERY"  # records in the log before a checkpoint is taken
 ENV_POD_NAME = "NOTEBOOKOS_POD_NAME"  # Kubernetes: the pod's name (downward API), for the registration
+# etcd client TLS (PEM file paths; unset: plain gRPC). Kubernetes: the mounted etcd TLS secret.
+ENV_ETCD_CA_CERT = "NOTEBOOKOS_ETCD_CA_CERT"
+ENV_ETCD_CERT = "NOTEBOOKOS_ETCD_CERT"
+ENV_ETCD_KEY = "NOTEBOOKOS_ETCD_KEY"
+ENV_ETCD_SERVER_NAME = "NOTEBOOKOS_ETCD_SERVER_NAME"  # name checked against etcd's certificate (optional)
 
 DEFAULT_LEASE_TTL = 5
 #: The seq of a kernel's first log record. ``applied_seq == FIRST_SEQ - 1`` means nothing applied yet (a new
