@@ -16,6 +16,7 @@ from . import migration
 from .cluster import ClusterModel, Host
 from .decisions import MigrationPlan, ScalingDecision
 from .settings import SchedulerSettings
+from .subscription import admits
 
 
 def target_hosts(model: ClusterModel, settings: SchedulerSettings, queued_gpus: int) -> tuple[int, str]:
@@ -29,6 +30,18 @@ def target_hosts(model: ClusterModel, settings: SchedulerSettings, queued_gpus: 
         + f" x {settings.scaling_factor:g} / {gph} per host + {settings.idle_host_buffer} idle = {for_gpus}"
     )
     target = max(settings.min_hosts, for_gpus)
+    largest = model.largest_request
+    if settings.ready_host_buffer > 0 and largest > 0:
+        # Hosts that cannot bind the largest request stay (they hold work); on top, keep the buffer of
+        # hosts that can. Scale-in therefore only removes ready hosts beyond the buffer.
+        # Ready: can bind the largest request and take one more replica of it (else no kernel can move there).
+        cap, replicas = settings.subscription_ratio_cap, settings.replicas
+        ready = sum(1 for h in model.hosts_with_idle(largest) if not h.cordoned and admits(h, largest, cap, replicas))
+        in_service = sum(1 for h in model.hosts.values() if not h.draining)
+        for_ready = in_service - ready + settings.ready_host_buffer
+        why += f"; {in_service - ready} hosts not ready for {largest} GPUs + {settings.ready_host_buffer} ready"
+        why += f" = {for_ready}"
+        target = max(target, for_ready)
     if settings.policy == "notebookos":
         pending = sum(h.pending for h in model.hosts.values())
         per_host = gph * settings.replicas * settings.subscription_ratio_cap
@@ -91,7 +104,10 @@ def plan_round(
     )
     chosen: list[Host] = []
     plans: list[MigrationPlan] = []
-    leaving = {h.name for h in candidates[: budget * 4]}  # do not move replicas onto hosts about to go
+    # Try a few candidates only: a failed drain is planned and undone, and the hosts beyond the first few
+    # have more replicas, so they rarely succeed where those failed (the next round tries again).
+    candidates = candidates[: budget * 4]
+    leaving = {h.name for h in candidates}  # do not move replicas onto hosts about to go
     for host in candidates:
         if len(chosen) >= budget:
             break

@@ -187,6 +187,7 @@ class ClusterModel:
         self.hosts: dict[str, Host] = {}
         self.kernels: dict[str, Kernel] = {}
         self.demand = 0  # sum of the GPU requests of all kernels
+        self._requests: dict[int, int] = {}  # GPU request -> kernels asking for it
         self.busy = 0  # committed GPUs, cluster-wide
         self.total_gpus = 0
         self.max_host_gpus = 0
@@ -245,6 +246,7 @@ class ClusterModel:
         kernel = Kernel(kernel_id, gpus)
         self.kernels[kernel_id] = kernel
         self.demand += gpus
+        self._requests[gpus] = self._requests.get(gpus, 0) + 1
         return kernel
 
     def remove_kernel(self, kernel: Kernel) -> None:
@@ -252,6 +254,11 @@ class ClusterModel:
         assert not kernel.replicas and kernel.running is None and kernel.hold is None
         del self.kernels[kernel.kernel_id]
         self.demand -= kernel.gpus
+        left = self._requests[kernel.gpus] - 1
+        if left:
+            self._requests[kernel.gpus] = left
+        else:
+            del self._requests[kernel.gpus]
 
     def add_replica(self, kernel: Kernel, host: Host, replica_id: int | None = None) -> int:
         """Record a replica of ``kernel`` on ``host``; returns its id."""
@@ -331,6 +338,15 @@ class ClusterModel:
         self._by_idle[len(host.free)][host.name] = None
 
     # --- queries --------------------------------------------------------------------------------------
+
+    @property
+    def largest_request(self) -> int:
+        """The largest GPU request of any kernel (0 without kernels)."""
+        return max(self._requests, default=0)
+
+    def hosts_with_idle(self, gpus: int) -> list[Host]:
+        """The runnable hosts with at least ``gpus`` idle GPUs."""
+        return [self.hosts[name] for tier in self._by_idle[max(0, gpus) :] for name in tier]
 
     def max_idle(self) -> int:
         """Most idle GPUs on any runnable host."""

@@ -212,7 +212,7 @@ class MigrationPlan(Decision):
     replica_id: int
     source: str
     target: str
-    trigger: str  # "cell", "drain" or "request"
+    trigger: str  # "cell", "drain", "request" or "prepare"
     why: str
     cell_id: str | None = None
 
@@ -415,7 +415,8 @@ class ScalingDecision(Decision):
 
     ``add_hosts`` new hosts to provision; ``undrain`` draining hosts to put back in service instead;
     ``drain`` idle hosts chosen for scale-in, whose replicas move by ``migrations``; ``remove`` hosts that
-    are drained and empty: remove them now (call ``remove_host``).
+    are drained and empty: remove them now (call ``remove_host``). ``migrations`` also holds the
+    ahead-of-time moves of idle kernels listed in ``prepared`` (trigger ``"prepare"``); run them all alike.
     """
 
     action: str  # "scale-out", "scale-in" or "none"
@@ -427,9 +428,12 @@ class ScalingDecision(Decision):
     drain: tuple[str, ...] = ()
     remove: tuple[str, ...] = ()
     migrations: tuple[MigrationPlan, ...] = field(default=())
+    prepared: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         head = f"autoscaler: {self.current_hosts} hosts, target {self.target_hosts}"
+        if self.prepared:
+            head += f"; {len(self.prepared)} idle kernels moved ahead of time ({', '.join(self.prepared[:5])})"
         if self.action == "scale-out":
             undrain = f", put back {', '.join(self.undrain)}" if self.undrain else ""
             return f"{head}: scale out by {self.add_hosts}{undrain} ({self.reason})"

@@ -6,13 +6,14 @@ time, applies one event or answers one question, and returns a decision (see ``d
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
 from traitlets import All, Bool, CaselessStrEnum, Float, Int, observe
 from traitlets.config import Configurable
 
-from . import autoscaling, migration
+from . import autoscaling, migration, readiness
 from .baselines import reserve_session, run_batch, run_reserved
 from .cluster import Cell, ClusterModel, HostSpec, Kernel, KernelSpec, RunningCellSpec
 from .decisions import (
@@ -68,7 +69,7 @@ class Scheduler(Configurable):
         help="Replicas of each kernel, each on a distinct host (NotebookOS policy).",
     ).tag(config=True)
     subscription_ratio_cap = Float(
-        3.0,
+        6.0,
         help="""Most a host's subscription ratio (pending GPUs / GPUs / replicas per kernel) may reach.
         Admission uses the smaller of this cap and the smoothed cluster ratio (demand / busy GPUs);
         migrations use the cap itself.""",
@@ -103,6 +104,30 @@ class Scheduler(Configurable):
     scale_for_queued_cells = Bool(
         True,
         help="Count the GPUs of queued cells as committed when computing the autoscaling target.",
+    ).tag(config=True)
+    executor_fit = CaselessStrEnum(
+        ["sticky", "best-fit"],
+        default_value="best-fit",
+        help="""NotebookOS executor choice among replicas whose host can bind a cell's GPUs now. 'sticky': the
+        previous executor, else the host with the most idle GPUs. 'best-fit': the host left with the fewest
+        idle GPUs (the previous executor on ties), which packs small cells and keeps whole hosts free for
+        large ones.""",
+    ).tag(config=True)
+    ready_host_buffer = Int(
+        3,
+        help="""Autoscaling keeps at least this many in-service hosts with as many idle GPUs as the largest
+        kernel request (a whole idle host when some kernel asks for a whole host), so the largest cells can
+        start at once. Counted on top of the GPU-based target only where the idle GPUs are fragmented.""",
+    ).tag(config=True)
+    max_prepare_migrations_per_round = Int(
+        8,
+        help="""NotebookOS: most ahead-of-time moves per autoscaling round. An idle kernel none of whose
+        replica hosts can bind its GPUs gets one replica moved to a host that can, before its next cell
+        arrives (the cell would otherwise wait for that migration). 0 turns this off.""",
+    ).tag(config=True)
+    prepare_min_gpus = Int(
+        1,
+        help="Ahead-of-time moves only for kernels that ask for at least this many GPUs per cell.",
     ).tag(config=True)
 
     def __init__(
@@ -500,6 +525,14 @@ class Scheduler(Configurable):
         decision, self._over_since = autoscaling.plan_round(
             self.model, self.settings, now, self._over_since, hosts_provisioning, self.queue.gpus_waiting()
         )
+        queued = {c.kernel_id for c in self.queue.cells()} if len(self.queue) else set()
+        prepared = readiness.plan_moves(self.model, self.settings, queued)
+        if prepared:
+            decision = dataclasses.replace(
+                decision,
+                migrations=decision.migrations + tuple(prepared),
+                prepared=tuple(p.kernel_id for p in prepared),
+            )
         self._tick(now)
         return decision
 

@@ -50,6 +50,14 @@ def choose_executor(
             return _run(model, kernel, cell_id, prefer, wanted, gpus, requested_at, now, "requested", detail)
     previous = kernel.last_executor
     prev_host: Host | None = None
+    if settings.executor_fit == "best-fit":
+        fit = _best_fit(model, kernel, gpus)
+        if fit is not None:
+            rid, host = fit
+            sticky = "; also the previous executor" if rid == previous else ""
+            detail = f"best fit: {host.name} has the fewest idle GPUs that suffice ({_idle_text(host)}){sticky}"
+            reason = "sticky" if rid == previous else "best-fit"
+            return _run(model, kernel, cell_id, rid, host, gpus, requested_at, now, reason, detail)
     if previous is not None and previous in kernel.replicas and previous not in kernel.moving:
         prev_host = hosts[kernel.replicas[previous]]
         if prev_host.runnable and prev_host.idle >= gpus:
@@ -101,6 +109,21 @@ def choose_executor(
         migration_id=plan.migration_id,
     )
     return MigrateThenRun(kernel.kernel_id, cell_id, gpus, devices, plan, now - requested_at)
+
+
+def _best_fit(model: ClusterModel, kernel: Kernel, gpus: int) -> tuple[int, Host] | None:
+    """The replica whose host binds ``gpus`` leaving the fewest idle GPUs (previous executor on ties)."""
+    best: tuple[tuple[int, bool, int], int, Host] | None = None
+    for rid, name in kernel.replicas.items():
+        if rid in kernel.moving:
+            continue
+        host = model.hosts[name]
+        if not host.runnable or host.idle < gpus:
+            continue
+        key = (host.idle, rid != kernel.last_executor, rid)
+        if best is None or key < best[0]:
+            best = (key, rid, host)
+    return None if best is None else (best[1], best[2])
 
 
 def _run(

@@ -18,7 +18,7 @@ class SchedulerSettings:
 
     policy: str = "notebookos"
     replicas_per_kernel: int = 3
-    subscription_ratio_cap: float = 3.0
+    subscription_ratio_cap: float = 6.0
     subscription_ratio_half_life_s: float = 60.0
     gpus_per_host: int = 8
     migration_enabled: bool = True
@@ -29,6 +29,10 @@ class SchedulerSettings:
     max_scale_in_per_round: int = 1
     scale_in_delay_s: float = 60.0
     scale_for_queued_cells: bool = True
+    ready_host_buffer: int = 3
+    max_prepare_migrations_per_round: int = 8
+    prepare_min_gpus: int = 1
+    executor_fit: str = "best-fit"
 
     @property
     def replicas(self) -> int:

@@ -38,6 +38,9 @@ SCHEDULER_KNOBS = {
     "subscription_ratio_cap": "subscription_ratio_cap",
     "replicas_per_kernel": "replicas_per_kernel",
     "max_concurrent_migrations": "max_concurrent_migrations",
+    "ready_host_buffer": "ready_host_buffer",
+    "max_prepare_migrations_per_round": "max_prepare_migrations_per_round",
+    "executor_fit": "executor_fit",
 }
 
 
@@ -183,6 +186,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scaling.add_argument("--replicas-per-kernel", type=int, help="NotebookOS replicas per kernel")
     scaling.add_argument("--max-concurrent-migrations", type=int, help="cell-triggered migrations in flight")
     scaling.add_argument(
+        "--ready-host-buffer", type=int, help="hosts kept able to bind the largest request (NotebookOS)"
+    )
+    scaling.add_argument(
+        "--max-prepare-migrations-per-round",
+        type=int,
+        help="ahead-of-time moves of idle kernels per autoscaling round (NotebookOS; 0: off)",
+    )
+    scaling.add_argument(
+        "--executor-fit", choices=("sticky", "best-fit"), help="NotebookOS executor choice among replicas"
+    )
+    scaling.add_argument(
         "--autoscale-interval-s", type=float, default=60.0, help="seconds between autoscaling rounds (60)"
     )
     scaling.add_argument(
@@ -231,6 +245,8 @@ def _check(args: argparse.Namespace) -> None:
         "idle_host_buffer",
         "max_scale_in_per_round",
         "max_concurrent_migrations",
+        "ready_host_buffer",
+        "max_prepare_migrations_per_round",
         "initial_hosts",
     ):
         v = getattr(args, knob)

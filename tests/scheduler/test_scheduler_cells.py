@@ -60,7 +60,7 @@ def test_placement_refused_when_too_few_hosts() -> None:
 
 
 def test_cell_runs_sticky_then_moves_to_most_idle_replica_host() -> None:
-    s = cluster(3, gpus=2)
+    s = cluster(3, gpus=2, executor_fit="sticky")
     s.start_kernel("k1", 2, now=0.0)
     s.start_kernel("k2", 2, now=0.0)  # same three hosts
     first = s.request_cell("k1", "c1", now=1.0)
@@ -255,3 +255,28 @@ def test_a_requested_replica_wins_when_its_host_can_bind_the_gpus() -> None:
     # A replica that does not exist (or whose host is busy) is ignored: the usual order applies.
     unknown = s.request_cell("k1", "c4", now=7.0, prefer=9)
     assert isinstance(unknown, RunCell) and unknown.reason == "sticky"
+
+
+def test_best_fit_executor_packs_small_cells_and_keeps_a_whole_host_idle() -> None:
+    s = cluster(3, gpus=8)
+    s.start_kernel("small", 1, now=0.0)  # a replica on every host
+    s.start_kernel("big", 8, now=0.0)
+    s.start_kernel("busy", 4, now=0.0)
+    busy = s.request_cell("busy", "b", now=1.0)  # 4 GPUs on one host
+    assert isinstance(busy, RunCell)
+    first = s.request_cell("small", "c1", now=2.0)
+    assert isinstance(first, RunCell) and first.reason == "best-fit"
+    assert first.host == busy.host  # the 1-GPU cell went to the host that was already partly busy
+    assert "fewest idle GPUs that suffice (4 of 8 GPUs idle)" in first.detail
+    big = s.request_cell("big", "c", now=3.0)
+    assert isinstance(big, RunCell) and big.gpus == 8  # two hosts stayed whole
+
+
+def test_sticky_executor_spreads_small_cells_onto_whole_hosts() -> None:
+    s = cluster(3, gpus=8, executor_fit="sticky")
+    s.start_kernel("small", 1, now=0.0)
+    s.start_kernel("busy", 4, now=0.0)
+    s.request_cell("busy", "b", now=1.0)
+    first = s.request_cell("small", "c1", now=2.0)
+    assert isinstance(first, RunCell) and first.reason == "most-idle"
+    assert "8 of 8 GPUs idle" in first.detail

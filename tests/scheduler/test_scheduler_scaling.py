@@ -179,3 +179,77 @@ def test_batch_starts_a_fresh_replica_per_cell() -> None:
     s.request_cell("k2", "x", now=3.0)
     s.start_kernel("k3", 1, now=0.0)
     assert isinstance(s.request_cell("k3", "y", now=3.0), WaitInQueue)
+
+
+def _fill(s: Scheduler, host: str, gpus: int, now: float) -> None:
+    """Commit ``gpus`` GPUs of ``host`` with a kernel that has its only replica there."""
+    kid = f"fill-{host}-{gpus}"
+    s.start_kernel(kid, gpus, now=now)
+    kernel = s.kernel(kid)
+    assert kernel is not None
+    for replica in kernel.replicas:
+        if replica.host == host:
+            d = s.request_cell(kid, "c", now=now, prefer=replica.replica_id)
+            assert isinstance(d, RunCell) and d.host == host
+            return
+    raise AssertionError(f"{kid} has no replica on {host}")
+
+
+def test_idle_kernel_is_moved_ahead_of_time_to_a_host_that_can_bind_its_gpus() -> None:
+    s = cluster(3, replicas_per_kernel=3, min_hosts=0, ready_host_buffer=0, executor_fit="sticky")
+    s.start_kernel("big", 8, now=0.0)  # replicas on host-0, host-1, host-2
+    for h in ("host-0", "host-1", "host-2"):
+        _fill(s, h, 1, now=1.0)  # no host can bind 8 GPUs any more
+    s.add_host(HostSpec("host-3", 8), now=2.0)
+    d = s.autoscale(now=60.0)
+    assert d.prepared == ("big",)
+    (plan,) = [p for p in d.migrations if p.trigger == "prepare"]
+    assert plan.kernel_id == "big" and plan.target == "host-3"
+    assert "ahead of time" in plan.why and "idle kernels moved ahead of time (big)" in str(d)
+    done = s.migration_finished(plan.migration_id, now=80.0)
+    assert done.run is None  # type: ignore[union-attr]
+    cell = s.request_cell("big", "c", now=90.0)
+    assert isinstance(cell, RunCell) and cell.host == "host-3" and cell.queued_s == 0.0
+    assert s.autoscale(now=120.0).prepared == ()  # running kernels are not moved
+
+
+def test_ahead_of_time_moves_skip_busy_kernels_and_respect_the_round_budget() -> None:
+    s = cluster(3, min_hosts=0, ready_host_buffer=0, max_prepare_migrations_per_round=1, scale_in_delay_s=1e9)
+    for k in ("a", "b"):
+        s.start_kernel(k, 8, now=0.0)
+    for h in ("host-0", "host-1", "host-2"):
+        _fill(s, h, 1, now=1.0)
+    s.add_host(HostSpec("host-3", 8), now=2.0)
+    s.add_host(HostSpec("host-4", 8), now=2.0)
+    first = s.autoscale(now=60.0)
+    assert first.prepared == ("a",)  # one per round, in kernel order among equal requests
+    second = s.autoscale(now=120.0)
+    assert second.prepared == ("b",)
+    targets = {p.target for p in first.migrations + second.migrations if p.trigger == "prepare"}
+    assert targets == {"host-3", "host-4"}  # the second kernel does not count on the host the first claimed
+    off = cluster(3, min_hosts=0, ready_host_buffer=0, max_prepare_migrations_per_round=0)
+    off.start_kernel("a", 8, now=0.0)
+    for h in ("host-0", "host-1", "host-2"):
+        _fill(off, h, 1, now=1.0)
+    off.add_host(HostSpec("host-3", 8), now=2.0)
+    assert off.autoscale(now=60.0).prepared == ()
+
+
+def test_ready_host_buffer_scales_out_when_no_host_can_bind_the_largest_request() -> None:
+    s = cluster(3, min_hosts=0, idle_host_buffer=0, ready_host_buffer=2, max_prepare_migrations_per_round=0)
+    s.start_kernel("big", 8, now=0.0)
+    for h in ("host-0", "host-1", "host-2"):
+        _fill(s, h, 1, now=1.0)  # 3 GPUs busy: the GPU count alone asks for 1 host
+    d = s.autoscale(now=60.0)
+    assert d.action == "scale-out" and d.target_hosts == 5 and d.add_hosts == 2
+    assert "3 hosts not ready for 8 GPUs + 2 ready" in d.reason
+
+
+def test_ready_host_buffer_keeps_ready_hosts_at_scale_in() -> None:
+    s = cluster(5, min_hosts=0, idle_host_buffer=0, ready_host_buffer=2, scale_in_delay_s=0)
+    s.start_kernel("big", 8, now=0.0)
+    d = s.autoscale(now=60.0)  # five idle hosts: three over the buffer... but pending needs its hosts too
+    assert d.target_hosts == 2 and d.action == "scale-in" and len(d.drain) == 1
+    without = cluster(5, min_hosts=0, idle_host_buffer=0, ready_host_buffer=0, scale_in_delay_s=0)
+    without.start_kernel("big", 8, now=0.0)
+    assert without.autoscale(now=60.0).target_hosts == 1
