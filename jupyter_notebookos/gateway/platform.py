@@ -609,7 +609,7 @@ class GatewayPlatform:
             if isinstance(decision, RejectCell):
                 raise CellRejected(decision.reason)
             if isinstance(decision, MigrateThenRun):
-                outcome = await self.migrations.run(decision.migration)
+                outcome = await self._migrate_for(request, decision)
                 if isinstance(outcome, MigrationCompleted) and outcome.run is not None:
                     decision = outcome.run
                     continue
@@ -621,6 +621,17 @@ class GatewayPlatform:
         await self._wait_up_to_date(request, grant, changed)
         self.metrics.queued_ms.observe((time.monotonic() - request.arrived) * 1000.0)
         return grant
+
+    async def _migrate_for(
+        self, request: CellRequest, decision: MigrateThenRun
+    ) -> MigrationCompleted | MigrationFailed:
+        """Run the migration a cell waits for; an interrupted cell lets it finish and gives the GPUs back."""
+        move = asyncio.ensure_future(self.migrations.run(decision.migration))
+        try:
+            return await asyncio.shield(move)
+        except asyncio.CancelledError:
+            move.add_done_callback(lambda _: self.release(request.kernel_id, request.cell_id))
+            raise
 
     async def _wait_in_queue(self, request: CellRequest) -> RunCell | MigrateThenRun:
         """Wait until the scheduler's queue dispatches this cell."""
@@ -673,7 +684,9 @@ class GatewayPlatform:
                 self.scheduler.cell_finished(started.kernel_id, started.cell_id, now=self.now())
 
     def _log_decision(self, decision: Decision) -> None:
-        self.log.info("scheduler: %s", decision)
+        # Routine per-cell decisions at DEBUG (two per cell); everything else is worth an INFO line.
+        routine = isinstance(decision, RunCell | CellFinished) and getattr(decision, "reason", "") != "migrated"
+        self.log.log(logging.DEBUG if routine else logging.INFO, "scheduler: %s", decision)
 
     # -- views ----------------------------------------------------------------------------------------
 

@@ -110,6 +110,8 @@ class PendingCell:
     grant: CellGrant | None = None
     started: float = 0.0
     prefer: str | None = None
+    waiter: asyncio.Future[CellGrant] | None = None  # the planner's answer, while the cell waits for it
+    interrupted: bool = False
     began_executing: bool = False  # the executor said "busy" for it: from then on it is never re-sent
     retry: bool = False
     done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -188,6 +190,7 @@ class ReplicaRouter:
         self.executor: str | None = None
         self.fence = 0  # create_revision of the executor key for the current executor
         self.running: PendingCell | None = None
+        self.waiting: PendingCell | None = None  # the cell at the head, waiting for GPUs (or a migration)
         self.cells_run = 0
         self.gpu_seconds = 0.0
         self.started_at = time.time()
@@ -202,7 +205,7 @@ class ReplicaRouter:
         self._stdin_owner: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._sockets: dict[str, zmq.asyncio.Socket] = {}
-        self._watch: Any = None
+        self._watches: list[Any] = []
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -241,10 +244,12 @@ class ReplicaRouter:
                 running.append(json.loads(kv.value))
         for cell in running:
             self._adopt_running_cell(cell)
-        self._watch = self.coordinator.watch_prefix(
-            self.keys.kernel_prefix(self.kernel_id), start_revision=snapshot.revision + 1
-        )
-        self._spawn(self._watch_loop())
+        # Only what the router must react to: registrations and applied sequences. The log itself (large
+        # values, one per cell) is read on demand, when an executor dies.
+        for prefix in (self.keys.replicas_prefix(self.kernel_id), self.keys.applied_prefix(self.kernel_id)):
+            watch = self.coordinator.watch_prefix(prefix, start_revision=snapshot.revision + 1)
+            self._watches.append(watch)
+            self._spawn(self._watch_loop(watch))
         self._spawn(self._client_loop("shell", self._on_client_shell))
         self._spawn(self._client_loop("control", self._on_client_control))
         self._spawn(self._client_loop("stdin", self._on_client_stdin))
@@ -317,7 +322,13 @@ class ReplicaRouter:
         return self.exit_code
 
     async def interrupt(self) -> None:
-        """Interrupt the running cell (a message on the executor's control channel)."""
+        """Interrupt the running cell (a message on the executor's control channel), or the waiting one."""
+        waiting = self.waiting
+        if self.running is None and waiting is not None:
+            waiting.interrupted = True
+            if waiting.waiter is not None:
+                waiting.waiter.cancel()
+            return
         target = self._target_replica()
         if target is None:
             return
@@ -329,8 +340,8 @@ class ReplicaRouter:
         self.shutting_down = True
         if self.exit_code is None:
             self.exit_code = 0
-        if self._watch is not None:
-            await self._watch.aclose()
+        for watch in self._watches:
+            await watch.aclose()
         for task in self._tasks:
             task.cancel()
         for link in self.links.values():
@@ -343,10 +354,9 @@ class ReplicaRouter:
 
     # -- etcd ---------------------------------------------------------------------------------------
 
-    async def _watch_loop(self) -> None:
-        assert self._watch is not None
+    async def _watch_loop(self, watch: Any) -> None:
         try:
-            async for event in self._watch:
+            async for event in watch:
                 self._apply_event(event)
         except asyncio.CancelledError:
             raise
@@ -427,6 +437,7 @@ class ReplicaRouter:
         if cell is not None and cell.grant is not None and cell.grant.replica_id == rid and not cell.done.done():
             self._fail_running_cell(cell, registration, why)
         elif was_executor and self.published_seq < self.log_head:
+            # (published_seq is refreshed from etcd there: the router does not watch the log.)
             # It replied to its last cells but died before publishing their records: those cells' state
             # changes are lost; close their sequence numbers so the other replicas do not wait for them.
             self._spawn(self._close_lost_seqs(rid))
@@ -492,11 +503,23 @@ class ReplicaRouter:
                 arrived=cell.arrived,
                 prefer=cell.prefer,
             )
+            self.waiting = cell
+            cell.waiter = asyncio.ensure_future(self.planner.acquire(request, self.changed))
             try:
-                grant = await self.planner.acquire(request, self.changed)
+                grant = await cell.waiter
             except CellRejected as err:
                 self._error_reply(cell, "NotebookOSCellRejected", str(err))
                 return
+            except asyncio.CancelledError:
+                if not cell.interrupted:
+                    raise
+                self.planner.release(self.kernel_id, msg_id)  # also takes it out of the scheduler's queue
+                self._error_reply(
+                    cell, "KeyboardInterrupt", "interrupted while it waited for GPUs; the cell did not run"
+                )
+                return
+            finally:
+                self.waiting, cell.waiter = None, None
             if grant.replica_id not in self.registrations:
                 self.planner.release(self.kernel_id, msg_id)
                 await asyncio.sleep(0.05)
@@ -613,8 +636,21 @@ class ReplicaRouter:
         )
         self._error_reply(cell, "ReplicaLost", message)
 
+    async def _published_seq(self) -> int:
+        """The highest seq whose record is in the log or covered by the checkpoint (read from etcd)."""
+        keys, kid = self.keys, self.kernel_id
+        records = await self.coordinator.get_prefix(keys.log_prefix(kid), keys_only=True)
+        checkpoint = await self.coordinator.get(keys.checkpoint(kid))
+        covered = int(json.loads(checkpoint.value).get("seq", 0)) if checkpoint is not None else 0
+        return max([covered, *(keys.seq_of(kv.key) for kv in records)])
+
     async def _close_lost_seqs(self, replica_id: str) -> None:
         """Write ``lost`` records for every seq a dead executor was given but did not publish."""
+        try:
+            self.published_seq = max(self.published_seq, await self._published_seq())
+        except CoordinationError as err:
+            log.error("kernel %s: cannot read the state log: %s", self.kernel_id, err)
+            return
         seqs = range(self.published_seq + 1, self.log_head + 1)
         if not seqs:
             return
@@ -706,6 +742,9 @@ class ReplicaRouter:
             asked = msg.metadata().get(METADATA_KEY)
             prefer = str(asked["replica"]) if isinstance(asked, dict) and asked.get("replica") is not None else None
             await self._queue.put(PendingCell(msg, time.monotonic(), prefer=prefer))
+            # Busy from the moment the gateway has the cell, also while it waits for GPUs.
+            busy = self.signer.make("status", {"execution_state": "busy"}, msg, idents=[b"kernel.status"])
+            await self._sockets["iopub"].send_multipart(busy.frames())
             return
         target = self._target_replica()
         if target is None:
@@ -722,6 +761,15 @@ class ReplicaRouter:
                 await link.control.send_multipart(msg.frames())
             if not self.links:
                 self.exit_code = 0
+            return
+        waiting = self.waiting
+        if msg.msg_type == "interrupt_request" and self.running is None and waiting is not None:
+            # The cell has not reached a replica yet: interrupting it means taking it out of the queue.
+            waiting.interrupted = True
+            if waiting.waiter is not None:
+                waiting.waiter.cancel()
+            reply = self.signer.make("interrupt_reply", {"status": "ok"}, msg)
+            await self._sockets["control"].send_multipart(reply.frames())
             return
         target = self._target_replica(prefer_running=True)
         if target is None:

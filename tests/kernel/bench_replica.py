@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from conftest import Replica, ReplicaFactory
 from jupyter_client.blocking.client import BlockingKernelClient
+from replica_harness import Replica, ReplicaFactory
 
 from jupyter_notebookos.embedded.etcd import EtcdCluster
 from jupyter_notebookos.replication.protocol import FIRST_SEQ, CellDirective

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Replica, ReplicaFactory
+from replica_harness import REPO, Replica, ReplicaFactory
 
 from jupyter_notebookos.embedded.etcd import EtcdCluster
 from jupyter_notebookos.replication import protocol as p

@@ -47,7 +47,7 @@ def test_small_values_are_inline_and_the_record_is_compact(executor):
 
 
 def test_threshold_is_configurable(shell, store):
-    from conftest import Executor
+    from replication_harness import Executor
 
     ex = Executor(shell, store, threshold=1024)
     ex.run("import numpy as np\narr = np.arange(1000)")
