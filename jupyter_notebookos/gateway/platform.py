@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from jupyter_notebookos.coordination.client import Coordinator
+from jupyter_notebookos.coordination.client import Coordinator, EtcdTls
 from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.gateway.autoscaler import Autoscaler
 from jupyter_notebookos.gateway.metrics import PlatformMetrics
@@ -163,6 +163,8 @@ class GatewayPlatform:
         self.kernels: dict[str, KernelRecord] = {}
         self.adopted: list[dict[str, Any]] = []
         self.coordinator: Coordinator | None = None
+        # etcd client TLS (the gateway app sets it from its traitlets); None: plain gRPC.
+        self.etcd_tls: EtcdTls | None = None
         self._waiting: dict[tuple[str, str], asyncio.Future[RunCell | MigrateThenRun]] = {}
         self._monitor: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -191,7 +193,7 @@ class GatewayPlatform:
     async def start(self) -> None:
         """Connect to etcd and publish the hosts."""
         self.coordinator = await Coordinator.connect(
-            self.etcd_endpoints, timeout=self.etcd_timeout, prefix=self.etcd_prefix
+            self.etcd_endpoints, timeout=self.etcd_timeout, prefix=self.etcd_prefix, tls=self.etcd_tls
         )
         for host in self.hosts.values():
             record = {
@@ -446,9 +448,10 @@ class GatewayPlatform:
                 with contextlib.suppress(OSError):
                     lines = log_path(record.kernel_id, rid).read_text(errors="replace").strip().splitlines()
                     tail = f" (last log line: {lines[-1]})" if lines else ""
-            parts.append(where + tail)
+            failed = record.router.failed.get(rid)
+            parts.append(f"{where} failed ({failed})" if failed else f"{where} did not register{tail}")
         return (
-            f"kernel {record.kernel_id}: {', '.join(parts)} did not register within {timeout:.0f} s; "
+            f"kernel {record.kernel_id}: {', '.join(parts)} within {timeout:.0f} s; "
             "its processes were stopped. Check etcd and the replica logs."
         )
 
@@ -517,16 +520,20 @@ class GatewayPlatform:
                 elif registration is None:
                     record.handles.pop(rid, None)
 
-    async def add_host(self, name: str, gpus: int) -> None:
-        """A new host is ready (autoscaling): the scheduler may place replicas and run cells there."""
+    async def add_host(self, name: str, gpus: int, *, simulated: bool = True) -> None:
+        """A new host is ready (autoscaling, a GPU node): the scheduler may place replicas and run cells there.
+
+        ``simulated=False``: a real machine whose GPUs its replicas bind (a Kubernetes GPU node)."""
         host = HostRecord(name, host_devices(name, gpus, real=[]))
         self.hosts[name] = host
         self._log_decision(
-            self.scheduler.add_host(HostSpec(name, gpus, tuple(d.index for d in host.devices), True), now=self.now())
+            self.scheduler.add_host(
+                HostSpec(name, gpus, tuple(d.index for d in host.devices), simulated), now=self.now()
+            )
         )
         if self.coordinator is not None:
             await self.coordinator.put(
-                self.coordinator.keys.host(name), json.dumps({"name": name, "gpus": gpus, "simulated": True})
+                self.coordinator.keys.host(name), json.dumps({"name": name, "gpus": gpus, "simulated": simulated})
             )
         self.dispatch()
         self._place_missing()

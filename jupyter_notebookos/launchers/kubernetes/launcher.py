@@ -171,6 +171,19 @@ class KubernetesLauncher(Launcher):
         help="Pin each pod to the node the NotebookOS scheduler chose (spec.host); False lets Kubernetes "
         "place it among GPU nodes, still one replica per node.",
     )
+    real_gpus = Bool(
+        True,
+        config=True,
+        help="The nodes' GPUs are real (exposed by the NVIDIA runtime): replicas bind them per cell with "
+        "CUDA_VISIBLE_DEVICES. False where nodes only advertise nvidia.com/gpu (a fake device plugin).",
+    )
+    wait_until_running = Bool(
+        False,
+        config=True,
+        help="start_replica returns only once the pod runs (or fails with its blocking reason). False: it "
+        "returns once the pod is created, so a kernel's pods are scheduled and pulled in parallel, and a "
+        "blocked pod is deleted in the background and reported FAILED with its reason by status().",
+    )
     instance = Unicode("notebookos", config=True, help="app.kubernetes.io/instance label (the helm release).")
     extra_labels = Dict(config=True, help="Extra labels of replica pods.")
     extra_annotations = Dict(config=True, help="Extra annotations of replica pods.")
@@ -189,6 +202,9 @@ class KubernetesLauncher(Launcher):
         self._pod_events: dict[str, list[dict[str, Any]]] = {}
         self._gone: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._wakeups: dict[str, asyncio.Event] = {}
+        # Launches that returned before the pod ran: followed in the background until it runs or fails.
+        self._starting: dict[str, asyncio.Task[None]] = {}
+        self._failures: OrderedDict[str, str] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- settings -------------------------------------------------------------------------------------------
@@ -219,6 +235,7 @@ class KubernetesLauncher(Launcher):
             extra_labels=dict(self.extra_labels),
             extra_annotations=dict(self.extra_annotations),
             launch_timeout=self.launch_timeout,
+            real_gpus=self.real_gpus,
         )
 
     def build_pod(self, spec: ReplicaSpec, *, suffix: str | None = None) -> dict[str, Any]:
@@ -273,6 +290,9 @@ class KubernetesLauncher(Launcher):
 
     async def stop(self) -> None:
         """Stop the watches (pods keep running: replicas outlive the gateway)."""
+        for task in self._starting.values():
+            task.cancel()
+        self._starting.clear()
         reflectors = [*self._pods.values(), *self._events.values()]
         self._pods, self._events = {}, {}
         await asyncio.gather(*(asyncio.to_thread(r.stop) for r in reflectors))
@@ -316,17 +336,20 @@ class KubernetesLauncher(Launcher):
     def _key_of(self, handle: ReplicaHandle) -> str | None:
         for namespace, reflector in self._pods.items():
             key = f"{namespace}/{handle.pod}"
-            if reflector.get(key) is not None or key in self._gone:
+            if reflector.get(key) is not None or key in self._gone or key in self._failures or key in self._starting:
                 return key
         return None
 
     # --- the Launcher interface -----------------------------------------------------------------------------
 
     async def start_replica(self, spec: ReplicaSpec) -> ReplicaHandle:
-        """Create the replica's pod and wait until it runs; fail fast when it cannot start.
+        """Create the replica's pod; by default return at once and follow it in the background.
 
         Raises ``InvalidKernelRequest`` (before any API call) for bad kernelspec / ``KERNEL_*`` values, and
-        :class:`LaunchError` with the blocking reason (Unschedulable, ErrImagePull...) or on timeout.
+        :class:`LaunchError` when the API refuses the pod. A pod that cannot start (Unschedulable,
+        ErrImagePull..., or not running within the launch timeout) is deleted and :meth:`status` reports it
+        FAILED with that reason, which the platform's monitor turns into a failed launch within a second.
+        With ``wait_until_running`` the call itself waits and raises :class:`LaunchError` with the reason.
         """
         pod = self.build_pod(spec)
         settings = self.pod_settings()
@@ -347,10 +370,29 @@ class KubernetesLauncher(Launcher):
                 key,
                 spec.host or "any",
             )
+            if not self.wait_until_running:
+                self._starting[key] = asyncio.ensure_future(self._follow_start(key, timeout, spec))
+                return ReplicaHandle(kernel_id=spec.kernel_id, replica_id=spec.replica_id, host=spec.host, pod=name)
             node = await self._wait_running(key, timeout, spec)
         finally:
-            self._wakeups.pop(key, None)
+            if key not in self._starting:
+                self._wakeups.pop(key, None)
         return ReplicaHandle(kernel_id=spec.kernel_id, replica_id=spec.replica_id, host=node, pod=name)
+
+    async def _follow_start(self, key: str, timeout: float, spec: ReplicaSpec) -> None:
+        """Background half of a launch that returned at once: note why the pod could not start, if it could not."""
+        try:
+            await self._wait_running(key, timeout, spec)
+        except LaunchError as err:
+            self.log.warning("%s", err)
+            self._failures[key] = str(err)
+            while len(self._failures) > _GONE_KEPT:
+                self._failures.popitem(last=False)
+        except Exception:
+            self.log.exception("following the start of pod %s failed", key)
+        finally:
+            self._starting.pop(key, None)
+            self._wakeups.pop(key, None)
 
     async def _wait_running(self, key: str, timeout: float, spec: ReplicaSpec) -> str:
         wakeup = self._wakeups[key]
@@ -396,6 +438,10 @@ class KubernetesLauncher(Launcher):
         """Delete the replica's pod, with its grace period (SIGTERM first) unless ``now``."""
         await self.start()
         key = self._key_of(handle) or f"{self.namespace}/{handle.pod}"
+        starting = self._starting.pop(key, None)
+        if starting is not None:
+            starting.cancel()
+            self._wakeups.pop(key, None)
         self.log.info(
             "replica %s/%s: deleting pod %s%s",
             handle.kernel_id,
@@ -411,9 +457,13 @@ class KubernetesLauncher(Launcher):
         if not handle.pod:
             return ReplicaStatus(ReplicaPhase.UNKNOWN, "handle has no pod name")
         key = self._key_of(handle)
+        if key is not None and key in self._failures:
+            return ReplicaStatus(ReplicaPhase.FAILED, self._failures[key])
         if key is None:
             return status.replica_status(None)
         pod = self._find_cached(key)
+        if pod is None and key not in self._gone:
+            return ReplicaStatus(ReplicaPhase.STARTING, "pod created, not yet seen by the watch")
         if pod is None:
             return status.replica_status(self._gone[key], deleted=True)
         return status.replica_status(pod, self._pod_events.get(key, ()))

@@ -59,6 +59,8 @@ _PROCESS_ONLY_ENV = frozenset(
         "_",
     }
 )
+# The platform's variables that only make sense in the gateway's own file system.
+_GATEWAY_ONLY_ENV = frozenset({"NOTEBOOKOS_STATE_DIR"})
 # KERNEL_* variables consumed here as structure rather than passed on as text.
 _STRUCTURED_ENV = frozenset({"KERNEL_VOLUMES", "KERNEL_VOLUME_MOUNTS"})
 
@@ -111,6 +113,9 @@ class PodSettings:
     extra_labels: Mapping[str, str] = field(default_factory=dict)
     extra_annotations: Mapping[str, str] = field(default_factory=dict)
     launch_timeout: float = 300.0
+    # The nodes' GPUs are real (the NVIDIA runtime exposes them): replicas bind them per cell. False for
+    # clusters whose nodes only advertise nvidia.com/gpu (a fake device plugin in a test cluster).
+    real_gpus: bool = True
 
 
 @dataclass(frozen=True)
@@ -455,8 +460,6 @@ def _replica_env(spec: ReplicaSpec, request: ReplicaPodRequest, settings: PodSet
     ours: dict[str, str] = {
         protocol.ENV_KERNEL_ID: spec.kernel_id,
         protocol.ENV_REPLICA_ID: spec.replica_id,
-        protocol.ENV_ETCD_ENDPOINTS: settings.etcd_endpoints,
-        protocol.ENV_OBJECT_STORE_URL: settings.object_store_url,
         # Bind on every interface of the pod; the router connects to the pod IP (advertised below).
         protocol.ENV_IP: "0.0.0.0",
         "KERNEL_ID": spec.kernel_id,
@@ -468,16 +471,34 @@ def _replica_env(spec: ReplicaSpec, request: ReplicaPodRequest, settings: PodSet
         "NVIDIA_VISIBLE_DEVICES": "all",
         "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
     }
+    # The platform passes its own etcd endpoints and object store; the launcher's settings, where given, are
+    # the addresses as seen from replica pods (an empty setting must not blank the platform's).
+    for name, value in (
+        (protocol.ENV_ETCD_ENDPOINTS, settings.etcd_endpoints),
+        (protocol.ENV_OBJECT_STORE_URL, settings.object_store_url),
+    ):
+        if value:
+            ours[name] = value
+    devices = spec.env.get(protocol.ENV_GPU_DEVICES)
+    if devices and settings.real_gpus:
+        ours[protocol.ENV_GPU_DEVICES] = _real_gpu_devices(devices)
     if settings.etcd_tls_secret:
         ours.update(
-            NOTEBOOKOS_ETCD_CA_CERT=f"{ETCD_TLS_MOUNT_PATH}/ca.crt",
-            NOTEBOOKOS_ETCD_CERT=f"{ETCD_TLS_MOUNT_PATH}/tls.crt",
-            NOTEBOOKOS_ETCD_KEY=f"{ETCD_TLS_MOUNT_PATH}/tls.key",
+            {
+                protocol.ENV_ETCD_CA_CERT: f"{ETCD_TLS_MOUNT_PATH}/ca.crt",
+                protocol.ENV_ETCD_CERT: f"{ETCD_TLS_MOUNT_PATH}/tls.crt",
+                protocol.ENV_ETCD_KEY: f"{ETCD_TLS_MOUNT_PATH}/tls.key",
+            }
         )
+    downward = {protocol.ENV_HOST, protocol.ENV_POD_NAME, "NOTEBOOKOS_POD_NAMESPACE", protocol.ENV_ADVERTISE_IP}
     passed = {
         name: str(value)
         for name, value in spec.env.items()
-        if name not in _PROCESS_ONLY_ENV and name not in _STRUCTURED_ENV and _ENV_NAME.match(name)
+        if name not in _PROCESS_ONLY_ENV
+        and name not in _STRUCTURED_ENV
+        and name not in _GATEWAY_ONLY_ENV
+        and name not in downward
+        and _ENV_NAME.match(name)
     }
     env: list[dict[str, Any]] = [{"name": n, "value": v} for n, v in sorted({**passed, **ours}.items())]
     # The node and pod are known only once scheduled: take them from the downward API.
@@ -489,6 +510,15 @@ def _replica_env(spec: ReplicaSpec, request: ReplicaPodRequest, settings: PodSet
     ):
         env.append({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}})
     return env
+
+
+def _real_gpu_devices(raw: str) -> str:
+    """The platform's device list for the node, marked real: the node's GPUs, numbered as NVML does."""
+    try:
+        items = json.loads(raw)
+        return json.dumps([{"index": int(d["index"]), "uuid": "", "simulated": False} for d in items])
+    except (ValueError, TypeError, KeyError):
+        return raw  # the replica reports the malformed value itself
 
 
 def _node_pin(node: str) -> dict[str, Any]:
@@ -639,11 +669,13 @@ def placeholder_selector() -> str:
     return f"{COMPONENT_LABEL}={PLACEHOLDER_COMPONENT}"
 
 
-def make_placeholder_pod(name: str, settings: PlaceholderSettings) -> dict[str, Any]:
+def make_placeholder_pod(name: str, settings: PlaceholderSettings, avoid_nodes: Sequence[str] = ()) -> dict[str, Any]:
     """A pause container requesting a whole node's GPUs at the lowest priority.
 
     Pending, it makes the cluster autoscaler add a GPU node; running, it keeps that node from being
     removed. It never preempts anything, and the GPU request keeps other GPU workloads off the node.
+    ``avoid_nodes`` (the nodes that already are hosts) keeps it off them: replica pods request no GPUs, so
+    a host's GPUs look free to Kubernetes and a placeholder would otherwise fit there and add nothing.
     """
     check_dns1123_subdomain("placeholder pod name", name)
     check_image("placeholder image", settings.image)
@@ -680,6 +712,14 @@ def make_placeholder_pod(name: str, settings: PlaceholderSettings) -> dict[str, 
             }
         ],
     }
+    if avoid_nodes:
+        spec["affinity"]["nodeAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": sorted(avoid_nodes)}]}
+                ]
+            }
+        }
     if settings.node_selector:
         spec["nodeSelector"] = dict(settings.node_selector)
     if settings.tolerations:

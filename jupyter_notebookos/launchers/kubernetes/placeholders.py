@@ -148,8 +148,13 @@ class PlaceholderPool(LoggingConfigurable):
             )
         return sorted(found, key=lambda p: p.name)
 
-    async def scale_to(self, desired: int, *, release_nodes: Sequence[str] = ()) -> PlaceholderScaling:
+    async def scale_to(
+        self, desired: int, *, release_nodes: Sequence[str] = (), avoid_nodes: Sequence[str] = ()
+    ) -> PlaceholderScaling:
         """Create or delete placeholders until ``desired`` exist.
+
+        New placeholders stay off ``avoid_nodes`` (the nodes that are hosts already), so each one that is
+        Pending asks for a new node.
 
         Scale-in deletes, in order: placeholders on ``release_nodes`` (hosts the scheduler has drained), then
         Pending ones (a node not yet provisioned is the cheapest to give up), then by name.
@@ -166,7 +171,7 @@ class PlaceholderPool(LoggingConfigurable):
             settings = self.settings()
             for _ in range(target - len(current)):
                 name = f"notebookos-placeholder-{secrets.token_hex(3)}"
-                pod = objects.make_placeholder_pod(name, settings)
+                pod = objects.make_placeholder_pod(name, settings, avoid_nodes)
                 try:
                     await asyncio.to_thread(core.create_namespaced_pod, self.namespace, pod)
                     created.append(name)
