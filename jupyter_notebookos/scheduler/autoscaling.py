@@ -1,7 +1,8 @@
 """Autoscaling: a periodic decision from the GPUs in use.
 
 target = max(min_hosts, ceil(committed x scaling_factor / gpus_per_host) + idle_host_buffer, hosts the
-subscription cap needs for the pending GPUs). Queued cells' GPUs count as committed when
+subscription cap needs for the pending GPUs, and under NotebookOS the hosts that cannot bind the largest
+kernel request plus ``ready_host_buffer`` that can). Queued cells' GPUs count as committed when
 ``scale_for_queued_cells`` is set (otherwise a saturated cluster could never see it needs more). Scale out
 at once by the difference (putting draining hosts back first); scale in slowly: only after being over the
 target for ``scale_in_delay_s``, at most ``max_scale_in_per_round`` idle hosts per round, each drained by
@@ -31,7 +32,7 @@ def target_hosts(model: ClusterModel, settings: SchedulerSettings, queued_gpus: 
     )
     target = max(settings.min_hosts, for_gpus)
     largest = model.largest_request
-    if settings.ready_host_buffer > 0 and largest > 0:
+    if settings.policy == "notebookos" and settings.ready_host_buffer > 0 and largest > 0:
         # Hosts that cannot bind the largest request stay (they hold work); on top, keep the buffer of
         # hosts that can. Scale-in therefore only removes ready hosts beyond the buffer.
         # Ready: can bind the largest request and take one more replica of it (else no kernel can move there).

@@ -253,3 +253,9 @@ def test_ready_host_buffer_keeps_ready_hosts_at_scale_in() -> None:
     without = cluster(5, min_hosts=0, idle_host_buffer=0, ready_host_buffer=0, scale_in_delay_s=0)
     without.start_kernel("big", 8, now=0.0)
     assert without.autoscale(now=60.0).target_hosts == 1
+
+
+def test_ready_host_buffer_applies_to_notebookos_only() -> None:
+    s = cluster(5, policy="reservation", min_hosts=0, idle_host_buffer=0, ready_host_buffer=3)
+    s.start_kernel("big", 8, now=0.0)  # holds a whole host for the session
+    assert s.autoscale(now=60.0).target_hosts == 1
