@@ -258,4 +258,5 @@ def test_ready_host_buffer_keeps_ready_hosts_at_scale_in() -> None:
 def test_ready_host_buffer_applies_to_notebookos_only() -> None:
     s = cluster(5, policy="reservation", min_hosts=0, idle_host_buffer=0, ready_host_buffer=3)
     s.start_kernel("big", 8, now=0.0)  # holds a whole host for the session
-    assert s.autoscale(now=60.0).target_hosts == 1
+    d = s.autoscale(now=60.0)
+    assert d.target_hosts == 2 and "ready" not in d.reason  # ceil(8 x 1.1 / 8), no ready hosts on top
