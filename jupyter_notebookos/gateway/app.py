@@ -22,12 +22,14 @@ from typing import Any
 from enterprise_gateway.enterprisegatewayapp import EnterpriseGatewayApp
 from jupyter_server.utils import url_path_join
 from tornado import ioloop
-from traitlets import Bool, Float, Integer, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default, validate
 
+from jupyter_notebookos.coordination.client import EtcdTls
 from jupyter_notebookos.gateway.handlers import notebookos_handlers
 from jupyter_notebookos.gateway.platform import GatewayPlatform
 from jupyter_notebookos.launchers.local import LocalLauncher
 from jupyter_notebookos.launchers.provisioning import SimulatedHostProvisioner
+from jupyter_notebookos.replication import protocol
 from jupyter_notebookos.scheduler import Scheduler
 
 try:  # the stale-session fix and TCP_NODELAY (see that module's docstring)
@@ -56,6 +58,56 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
     def _etcd_endpoints_default(self) -> list[str]:
         raw = os.environ.get("NOTEBOOKOS_ETCD_ENDPOINTS", "127.0.0.1:2379")
         return [e.strip() for e in raw.split(",") if e.strip()]
+
+    launcher = Enum(
+        ["local", "kubernetes"],
+        config=True,
+        help="Where replicas run: 'local' (embedded: processes on simulated hosts) or 'kubernetes' (one pod "
+        "per replica on GPU nodes; hosts come from the nodes, scaling from placeholder pods). Env: "
+        "NOTEBOOKOS_LAUNCHER (the helm chart sets 'kubernetes').",
+    )
+
+    @default("launcher")
+    def _launcher_default(self) -> str:
+        return os.environ.get("NOTEBOOKOS_LAUNCHER", "").strip().lower() or "local"
+
+    etcd_ca_cert = Unicode(
+        config=True, help="PEM file of the CA of etcd's certificates (TLS). Env: NOTEBOOKOS_ETCD_CA_CERT."
+    )
+    etcd_cert = Unicode(
+        config=True, help="PEM file of the gateway's etcd client certificate. Env: NOTEBOOKOS_ETCD_CERT."
+    )
+    etcd_key = Unicode(config=True, help="PEM file of the gateway's etcd client key. Env: NOTEBOOKOS_ETCD_KEY.")
+    etcd_server_name = Unicode(
+        config=True,
+        help="Name checked against etcd's certificate (default: the first endpoint's host name). "
+        "Env: NOTEBOOKOS_ETCD_SERVER_NAME.",
+    )
+
+    @default("etcd_ca_cert")
+    def _etcd_ca_cert_default(self) -> str:
+        return os.environ.get(protocol.ENV_ETCD_CA_CERT, "")
+
+    @default("etcd_cert")
+    def _etcd_cert_default(self) -> str:
+        return os.environ.get(protocol.ENV_ETCD_CERT, "")
+
+    @default("etcd_key")
+    def _etcd_key_default(self) -> str:
+        return os.environ.get(protocol.ENV_ETCD_KEY, "")
+
+    @default("etcd_server_name")
+    def _etcd_server_name_default(self) -> str:
+        return os.environ.get(protocol.ENV_ETCD_SERVER_NAME, "")
+
+    def etcd_tls(self) -> EtcdTls | None:
+        """The etcd client TLS settings, or None for plain gRPC."""
+        if not (self.etcd_ca_cert or self.etcd_cert or self.etcd_key):
+            return None
+        try:
+            return EtcdTls(self.etcd_ca_cert, self.etcd_cert, self.etcd_key, self.etcd_server_name)
+        except ValueError as err:
+            raise TraitError(f"NotebookOSGatewayApp.etcd_cert / etcd_key: {err}") from None
 
     etcd_prefix = Unicode("/notebookos", config=True, help="Key prefix of everything NotebookOS stores in etcd.")
 
@@ -98,7 +150,8 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
     autoscale = Bool(
         False,
         config=True,
-        help="Embedded mode: let the autoscaler add and remove simulated hosts with the load.",
+        help="Let the autoscaler add and remove hosts with the load: simulated hosts (embedded mode), or "
+        "placeholder pods that make the cluster autoscaler add and remove GPU nodes (Kubernetes).",
     )
 
     autoscale_interval = Float(5.0, config=True, help="Seconds between autoscaling rounds.")
@@ -126,6 +179,8 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
                 raise TraitError(f"etcd endpoint {endpoint!r} is not host:port")
         return endpoints
 
+    node_hosts: Any = None  # Kubernetes: the GPU nodes as hosts (gateway.nodes.NodeHosts)
+
     def init_configurables(self) -> None:
         super().init_configurables()
         scheduler = Scheduler(parent=self)
@@ -137,6 +192,9 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
             if "gpus_per_host" in self.config.get("SimulatedHostProvisioner", {})
             else {"gpus_per_host": self.gpus_per_host}
         )
+        if self.launcher == "kubernetes":
+            self._init_kubernetes(scheduler)
+            return
         self.platform = GatewayPlatform(
             etcd_endpoints=self.etcd_endpoints,
             etcd_prefix=self.etcd_prefix,
@@ -151,6 +209,57 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
             autoscale_interval=self.autoscale_interval if self.autoscale else 0.0,
             log=self.log,
         )
+        self.platform.etcd_tls = self.etcd_tls()
+
+    def _init_kubernetes(self, scheduler: Scheduler) -> None:
+        """Replica pods, GPU nodes as hosts, placeholder pods for scaling (the helm chart's deployment)."""
+        # Imported here: only this mode needs the kubernetes client.
+        from jupyter_notebookos.gateway.nodes import NodeHosts
+        from jupyter_notebookos.launchers.kubernetes import (
+            KubernetesLauncher,
+            NodeInventory,
+            PlaceholderPool,
+            PlaceholderProvisioner,
+        )
+
+        launcher = KubernetesLauncher(parent=self)
+        inventory = NodeInventory(parent=self)
+        placeholders = PlaceholderProvisioner(PlaceholderPool(parent=self), inventory, parent=self)
+        self.platform = GatewayPlatform(
+            etcd_endpoints=self.etcd_endpoints,
+            etcd_prefix=self.etcd_prefix,
+            etcd_timeout=float(self.etcd_timeout),
+            simulated_hosts=0,  # hosts are the GPU nodes, added by NodeHosts
+            gpus_per_host=self.gpus_per_host,
+            state_dir=self.state_dir,
+            object_store_url=self.object_store_url,
+            scheduler=scheduler,
+            launcher=launcher,
+            provisioner=placeholders,
+            autoscale_interval=self.autoscale_interval if self.autoscale else 0.0,
+            log=self.log,
+        )
+        self.platform.etcd_tls = self.etcd_tls()
+        self.node_hosts = NodeHosts(self.platform, inventory, placeholders)
+
+    async def start_platform(self) -> None:
+        """Kubernetes: check the placeholder PriorityClass and make the GPU nodes hosts (before re-attaching
+        replicas, which needs their hosts); then connect to etcd and start the platform."""
+        if self.node_hosts is not None:
+            if self.platform.autoscaler is not None and self.node_hosts.provisioner is not None:
+                await self.node_hosts.provisioner.pool.check_priority_class()
+            await self.node_hosts.start()
+            self.log.info("NotebookOS on Kubernetes: %d GPU node(s) as hosts", len(self.platform.hosts))
+        await self.platform.start()
+
+    async def stop_platform(self) -> None:
+        """Stop the platform, then the node and pod watches (replica pods keep running)."""
+        await self.platform.stop()
+        if self.node_hosts is not None:
+            await self.node_hosts.stop()
+        stop_watches = getattr(self.platform.launcher, "stop", None)
+        if stop_watches is not None:
+            await stop_watches()
 
     def _create_request_handlers(self) -> list[tuple]:
         """EG's handlers, with our API first and EG's channels handler replaced by ours."""
@@ -171,7 +280,7 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
         """Connect to etcd and start the platform, then serve (EG's start runs the IO loop)."""
         loop = ioloop.IOLoop.current()
         try:
-            loop.run_sync(self.platform.start)
+            loop.run_sync(self.start_platform)
         except Exception as err:
             self.log.critical("NotebookOS could not start: %s", err)
             sys.exit(1)
@@ -202,7 +311,7 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
     def shutdown(self) -> None:
         super().shutdown()
         try:
-            ioloop.IOLoop.current().run_sync(self.platform.stop)
+            ioloop.IOLoop.current().run_sync(self.stop_platform)
         except Exception as err:
             self.log.warning("NotebookOS platform did not stop cleanly: %s", err)
 

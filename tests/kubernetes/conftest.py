@@ -33,8 +33,6 @@ async def make_launcher(cluster: FakeCluster) -> AsyncIterator[Callable[..., Kub
             "core_api": cluster.core,
             "watch_factory": cluster.watch,
             "cache_sync_timeout": 5.0,
-            # These tests follow one launch to its end; the platform's tests use the default (return at once).
-            "wait_until_running": True,
             **kwargs,
         }
         launcher = KubernetesLauncher(**settings)

@@ -178,11 +178,12 @@ class KubernetesLauncher(Launcher):
         "CUDA_VISIBLE_DEVICES. False where nodes only advertise nvidia.com/gpu (a fake device plugin).",
     )
     wait_until_running = Bool(
-        False,
+        True,
         config=True,
-        help="start_replica returns only once the pod runs (or fails with its blocking reason). False: it "
-        "returns once the pod is created, so a kernel's pods are scheduled and pulled in parallel, and a "
-        "blocked pod is deleted in the background and reported FAILED with its reason by status().",
+        help="start_replica returns only once the pod runs, and fails fast with the blocking reason "
+        "(Unschedulable, ErrImagePull...), which fails the kernel start at once. False: it returns once the "
+        "pod is created and a blocked pod is deleted in the background and reported FAILED with its reason "
+        "by status(); the platform then fails the start only when its launch timeout ends.",
     )
     instance = Unicode("notebookos", config=True, help="app.kubernetes.io/instance label (the helm release).")
     extra_labels = Dict(config=True, help="Extra labels of replica pods.")
@@ -343,13 +344,14 @@ class KubernetesLauncher(Launcher):
     # --- the Launcher interface -----------------------------------------------------------------------------
 
     async def start_replica(self, spec: ReplicaSpec) -> ReplicaHandle:
-        """Create the replica's pod; by default return at once and follow it in the background.
+        """Create the replica's pod and, by default, wait until it runs; fail fast when it cannot start.
 
         Raises ``InvalidKernelRequest`` (before any API call) for bad kernelspec / ``KERNEL_*`` values, and
         :class:`LaunchError` when the API refuses the pod. A pod that cannot start (Unschedulable,
         ErrImagePull..., or not running within the launch timeout) is deleted and :meth:`status` reports it
         FAILED with that reason, which the platform's monitor turns into a failed launch within a second.
-        With ``wait_until_running`` the call itself waits and raises :class:`LaunchError` with the reason.
+        With ``wait_until_running`` (the default) the call itself waits and raises :class:`LaunchError` with
+        the reason; without, it returns once the pod exists and the reason comes through :meth:`status`.
         """
         pod = self.build_pod(spec)
         settings = self.pod_settings()

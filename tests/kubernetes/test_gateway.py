@@ -1,0 +1,305 @@
+"""The gateway platform on Kubernetes: real etcd, the fake API, KubernetesLauncher + NodeInventory + placeholders.
+
+No pod really runs here; where a test needs a replica to be "up", it writes the registration the replica
+would write (bound to a lease, as the protocol says).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from fakekube import NAMESPACE, FakeCluster, until, validate_strict
+
+from jupyter_notebookos.embedded.etcd import EtcdBinaryMissing, EtcdCluster, find_etcd_binary
+from jupyter_notebookos.gateway.nodes import NodeHosts
+from jupyter_notebookos.gateway.platform import GatewayPlatform
+from jupyter_notebookos.gateway.router import RouterSettings
+from jupyter_notebookos.launchers.base import LaunchError
+from jupyter_notebookos.launchers.kubernetes import (
+    KubernetesLauncher,
+    NodeInventory,
+    PlaceholderPool,
+    PlaceholderProvisioner,
+)
+from jupyter_notebookos.launchers.kubernetes.objects import make_priority_class
+from jupyter_notebookos.replication import protocol
+from jupyter_notebookos.replication.protocol import ReplicaRegistration
+from jupyter_notebookos.scheduler import Scheduler
+
+IMAGE = "registry.example.com/notebookos/kernel:0.1.0"
+KERNEL = "5d1f7c2e-0a4b-4c3d-9e8f-1a2b3c4d5e6f"
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    try:
+        find_etcd_binary()
+    except EtcdBinaryMissing as err:
+        pytest.skip(str(err))
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), 1).start()
+    yield cluster
+    cluster.stop()
+
+
+@dataclass
+class K8sGateway:
+    cluster: FakeCluster
+    platform: GatewayPlatform
+    launcher: KubernetesLauncher
+    inventory: NodeInventory
+    provisioner: PlaceholderProvisioner
+    nodes: NodeHosts
+
+    def hosts(self) -> dict[str, dict[str, Any]]:
+        return {h["name"]: h for h in self.platform.cluster_snapshot()["hosts"]}
+
+    def replica_pods(self) -> list[dict[str, Any]]:
+        return self.cluster.pods("component=notebookos-replica")
+
+
+@pytest_asyncio.fixture
+async def gateway(etcd: EtcdCluster, cluster: FakeCluster, tmp_path: Path) -> AsyncIterator[K8sGateway]:
+    for name in ("gpu-a", "gpu-b", "gpu-c"):
+        cluster.add_node(name, gpus=8)
+    cluster.priority_classes["notebookos-placeholder"] = make_priority_class()
+    common: dict[str, Any] = {"core_api": cluster.core, "watch_factory": cluster.watch, "cache_sync_timeout": 5.0}
+    launcher = KubernetesLauncher(namespace=NAMESPACE, image=IMAGE, etcd_endpoints="", object_store_url="", **common)
+    inventory = NodeInventory(**common)
+    pool = PlaceholderPool(namespace=NAMESPACE, core_api=cluster.core, scheduling_api=cluster.scheduling)
+    provisioner = PlaceholderProvisioner(pool, inventory)
+    scheduler = Scheduler(gpus_per_host=8)
+    platform = GatewayPlatform(
+        etcd_endpoints=etcd.endpoints,
+        etcd_prefix=f"/k8s-{tmp_path.name[-12:]}",
+        etcd_timeout=3.0,
+        simulated_hosts=0,
+        gpus_per_host=8,
+        state_dir=str(tmp_path),
+        object_store_url="s3://notebookos-store/objects",
+        scheduler=scheduler,
+        launcher=launcher,
+        provisioner=provisioner,
+        router_settings=RouterSettings(launch_timeout=20.0, etcd_timeout=3.0),
+    )
+    nodes = NodeHosts(platform, inventory, provisioner)
+    await nodes.start()
+    await platform.start()
+    yield K8sGateway(cluster, platform, launcher, inventory, provisioner, nodes)
+    await platform.stop()
+    await nodes.stop()
+    await launcher.stop()
+
+
+def _free_ports(count: int) -> dict[str, int]:
+    socks = [socket.socket() for _ in range(count)]
+    for sock in socks:
+        sock.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for sock in socks:
+        sock.close()
+    return dict(zip(("shell", "iopub", "stdin", "control", "hb"), ports, strict=True))
+
+
+def _start_kernel(platform: GatewayPlatform, **env: str) -> asyncio.Task[Any]:
+    return asyncio.ensure_future(
+        platform.start_kernel(
+            kernel_id=KERNEL,
+            kernel_name="python3-notebookos",
+            ip="127.0.0.1",
+            ports=_free_ports(5),
+            key=b"0123456789abcdef",
+            signature_scheme="hmac-sha256",
+            env={"KERNEL_GPUS": "1", **env},
+            launch_timeout=20.0,
+        )
+    )
+
+
+async def _register(platform: GatewayPlatform, pod: dict[str, Any]) -> None:
+    """What the replica in this pod would do once up: register under its own lease."""
+    co = platform.coordinator
+    assert co is not None
+    labels = pod["metadata"]["labels"]
+    lease = await co.grant_lease(30)
+    registration = ReplicaRegistration(
+        kernel_id=labels["kernel_id"],
+        replica_id=labels["replica_id"],
+        host=pod["metadata"]["annotations"]["notebookos.io/host"],
+        ip="10.0.0.7",
+        shell_port=1,
+        iopub_port=2,
+        stdin_port=3,
+        control_port=4,
+        hb_port=5,
+        pid=1,
+        lease=lease.id,
+        applied_seq=0,
+        pod=pod["metadata"]["name"],
+    )
+    await co.put(co.keys.replica(registration.kernel_id, registration.replica_id), registration.to_json(), lease=lease)
+
+
+async def _run_replica_pods(gateway: K8sGateway, count: int, skip: set[str] | None = None) -> list[dict[str, Any]]:
+    """Play scheduler and kubelet: run each replica pod the launcher creates on its pinned node."""
+    seen = set(skip or ())
+    started: list[str] = []
+    while len(started) < count:
+        pod = await until(lambda: next((p for p in gateway.replica_pods() if p["metadata"]["name"] not in seen), None))
+        name = pod["metadata"]["name"]
+        gateway.cluster.run_pod(NAMESPACE, name, _pinned_node(pod))
+        seen.add(name)
+        started.append(name)
+    return [gateway.cluster.pod(NAMESPACE, name) for name in started]
+
+
+def _env(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
+
+
+def _pinned_node(pod: dict[str, Any]) -> str:
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    (field,) = terms["nodeSelectorTerms"][0]["matchFields"]
+    assert (field["key"], field["operator"]) == ("metadata.name", "In")
+    return str(field["values"][0])
+
+
+@pytest.mark.asyncio
+async def test_gpu_nodes_become_hosts_and_follow_cordons_and_removal(gateway: K8sGateway) -> None:
+    hosts = gateway.hosts()
+    assert sorted(hosts) == ["gpu-a", "gpu-b", "gpu-c"]
+    assert all(h["gpus"] == 8 and not h["simulated"] and not h["cordoned"] for h in hosts.values())
+
+    gateway.cluster.add_node("gpu-d", gpus=4, ready=False)  # not ready yet: not a host yet
+    await asyncio.sleep(0.2)
+    assert "gpu-d" not in gateway.hosts()
+    gateway.cluster.modify_node("gpu-d", gpus=4, ready=True)
+    await until(lambda: "gpu-d" in gateway.hosts())
+    assert gateway.hosts()["gpu-d"]["gpus"] == 4
+
+    gateway.cluster.modify_node("gpu-b", unschedulable=True)  # kubectl cordon
+    await until(lambda: gateway.hosts()["gpu-b"]["cordoned"])
+    gateway.cluster.modify_node("gpu-b", unschedulable=False)
+    await until(lambda: not gateway.hosts()["gpu-b"]["cordoned"])
+    gateway.cluster.modify_node("gpu-c", taints=[{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}])
+    await until(lambda: gateway.hosts()["gpu-c"]["cordoned"])
+
+    gateway.cluster.delete_node("gpu-c")
+    await until(lambda: "gpu-c" not in gateway.hosts())
+    assert "gpu-c" not in gateway.platform.hosts
+
+
+@pytest.mark.asyncio
+async def test_kernel_start_creates_three_anti_affine_pods_with_the_replica_protocol(gateway: K8sGateway) -> None:
+    start = _start_kernel(gateway.platform)
+    pods = await _run_replica_pods(gateway, 3)
+    nodes = {_pinned_node(p) for p in pods}
+    assert nodes == {"gpu-a", "gpu-b", "gpu-c"}  # three distinct hosts, each pinned
+    for call in gateway.cluster.called("create_namespaced_pod"):
+        validate_strict(call["body"])
+    for pod in pods:
+        (term,) = pod["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        assert term["labelSelector"]["matchLabels"]["kernel_id"] == KERNEL
+        assert "nvidia.com/gpu" not in json.dumps(pod["spec"]["containers"][0].get("resources", {}))
+        env = _env(pod)
+        assert env[protocol.ENV_IP] == "0.0.0.0"
+        assert env[protocol.ENV_ADVERTISE_IP] == {"fieldRef": {"fieldPath": "status.podIP"}}
+        assert env[protocol.ENV_HOST] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+        assert env[protocol.ENV_ETCD_ENDPOINTS] == ",".join(gateway.platform.etcd_endpoints)
+        assert env[protocol.ENV_ETCD_PREFIX] == gateway.platform.etcd_prefix
+        assert env[protocol.ENV_OBJECT_STORE_URL] == "s3://notebookos-store/objects"
+        assert env[protocol.ENV_KEY] == "0123456789abcdef"
+        assert "NOTEBOOKOS_STATE_DIR" not in env  # the gateway's own directory means nothing in a pod
+        devices = json.loads(env[protocol.ENV_GPU_DEVICES])
+        assert [d["index"] for d in devices] == list(range(8)) and not any(d["simulated"] for d in devices)
+    assert not start.done()  # waiting for the replicas to register
+    for pod in pods:
+        await _register(gateway.platform, pod)
+    router = await asyncio.wait_for(start, 10)
+    assert sorted(router.registrations) == ["0", "1", "2"]
+
+
+@pytest.mark.asyncio
+async def test_a_pending_pod_with_a_blocking_event_fails_the_kernel_start_fast(gateway: K8sGateway) -> None:
+    start = _start_kernel(gateway.platform)
+    first = await until(lambda: gateway.replica_pods())
+    message = "0/3 nodes are available: 3 Insufficient memory."
+    gateway.cluster.add_event(NAMESPACE, first[0]["metadata"]["name"], "FailedScheduling", message)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(LaunchError, match="FailedScheduling: 0/3 nodes are available: 3 Insufficient memory"):
+        await asyncio.wait_for(start, 10)
+    assert loop.time() - began < 5  # not the 20 s launch timeout
+    await until(lambda: gateway.replica_pods() == [])  # no pod left behind
+    assert KERNEL not in gateway.platform.kernels
+
+
+@pytest.mark.asyncio
+async def test_migration_starts_a_pod_pinned_to_the_target_then_deletes_the_old_one(gateway: K8sGateway) -> None:
+    gateway.cluster.add_node("gpu-d", gpus=8)
+    await until(lambda: "gpu-d" in gateway.hosts())
+    start = _start_kernel(gateway.platform)
+    pods = await _run_replica_pods(gateway, 3)
+    for pod in pods:
+        await _register(gateway.platform, pod)
+    await asyncio.wait_for(start, 10)
+    record = gateway.platform.kernels[KERNEL]
+    used = {h.host for h in record.handles.values()}
+    (target,) = {"gpu-a", "gpu-b", "gpu-c", "gpu-d"} - used
+    old = record.handles["0"]
+    move = asyncio.ensure_future(gateway.platform.migrate(KERNEL, "0", target))
+    (new_pod,) = await _run_replica_pods(gateway, 1, skip={p["metadata"]["name"] for p in pods})
+    assert _pinned_node(new_pod) == target
+    validate_strict(gateway.cluster.called("create_namespaced_pod")[-1]["body"])
+    await _register(gateway.platform, new_pod)
+    result = await asyncio.wait_for(move, 10)
+    assert (result["from"], result["to"]) == (old.host, target)
+    await until(lambda: old.pod not in {p["metadata"]["name"] for p in gateway.replica_pods()})
+    deleted = [c["name"] for c in gateway.cluster.called("delete_namespaced_pod")]
+    assert old.pod in deleted and new_pod["metadata"]["name"] not in deleted
+
+
+@pytest.mark.asyncio
+async def test_scale_out_asks_for_placeholders_off_existing_hosts_and_scale_in_deletes_them(
+    gateway: K8sGateway,
+) -> None:
+    ready: list[tuple[str, int]] = []
+
+    async def on_ready(name: str, gpus: int) -> None:
+        ready.append((name, gpus))
+        await gateway.platform.add_host(name, gpus, simulated=False)
+
+    await gateway.provisioner.provision(2, on_ready)
+    placeholders = gateway.cluster.pods("component=notebookos-placeholder")
+    assert len(placeholders) == 2 and gateway.provisioner.provisioning == 2
+    for pod in placeholders:
+        validate_strict(pod)
+        terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        (field,) = terms["nodeSelectorTerms"][0]["matchFields"]
+        assert field["operator"] == "NotIn" and field["values"] == ["gpu-a", "gpu-b", "gpu-c"]
+
+    # The cluster autoscaler adds a node for one placeholder, which then runs there.
+    gateway.cluster.add_node("gpu-new", gpus=8)
+    gateway.cluster.run_pod(NAMESPACE, placeholders[0]["metadata"]["name"], "gpu-new")
+    await until(lambda: "gpu-new" in gateway.hosts())
+    assert gateway.provisioner.provisioning == 1
+
+    # Scale-in: the drained host goes, and so does the placeholder that held its node.
+    await gateway.platform.remove_host("gpu-new")
+    await gateway.provisioner.release("gpu-new")
+    remaining = gateway.cluster.pods("component=notebookos-placeholder")
+    assert [p["metadata"]["name"] for p in remaining] == [placeholders[1]["metadata"]["name"]]
+    assert "gpu-new" not in gateway.hosts()
+
+    # The node is still there: the next scale-out takes it back instead of asking for another.
+    await gateway.provisioner.provision(1, on_ready)
+    assert ready == [("gpu-new", 8)]
+    assert len(gateway.cluster.pods("component=notebookos-placeholder")) == 1
