@@ -172,3 +172,27 @@ def test_placeholder_priority_class_triggers_scale_up() -> None:
 def test_inconsistent_values_fail_with_a_message(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmError, match=message):
         render(values)
+
+
+def test_gateway_config_and_env_select_the_kubernetes_platform() -> None:
+    from traitlets.config import Config
+
+    from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
+    from jupyter_notebookos.launchers.kubernetes import KubernetesLauncher, NodeInventory, PlaceholderPool
+
+    docs = render(None)
+    config = Config(gateway_config(docs))
+    app = NotebookOSGatewayApp(config=config)
+    assert app.launcher == "kubernetes" and app.autoscale is True
+    assert app.etcd_endpoints == [e for e in config.NotebookOSGatewayApp.etcd_endpoints]
+    assert app.object_store_url == config.NotebookOSGatewayApp.object_store_url
+    # Every key the chart writes is a traitlet of the class it configures (a typo would be ignored silently).
+    for cls in (NotebookOSGatewayApp, KubernetesLauncher, NodeInventory, PlaceholderPool):
+        unknown = set(config[cls.__name__]) - set(cls.class_trait_names(config=True))
+        assert not unknown, f"{cls.__name__}: {unknown}"
+    (deployment,) = by_kind(docs, "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["NOTEBOOKOS_LAUNCHER"] == "kubernetes"
+    assert env["NOTEBOOKOS_ETCD_ENDPOINTS"] == ",".join(app.etcd_endpoints)
+    assert env["NOTEBOOKOS_OBJECT_STORE_URL"] == app.object_store_url
+    assert not (gateway_config(render({"placeholders": {"enabled": False}}))["NotebookOSGatewayApp"]["autoscale"])
