@@ -317,9 +317,7 @@ def test_a_cell_waits_fifo_while_every_host_is_busy_and_runs_when_gpus_free(
     assert metric(after, "notebookos_cells_total", outcome="finished") > metric(
         before, "notebookos_cells_total", outcome="finished"
     )
-    if not shown_busy:
-        # Everything else holds; this part needs the router to publish `busy` when it queues a cell.
-        pytest.xfail("the router publishes no iopub status 'busy' for a cell that waits for GPUs")
+    assert shown_busy, "the client must see the kernel busy while its cell waits for GPUs"
 
 
 def reply_text(kernel: Kernel, msg_id: str) -> str:
@@ -412,3 +410,30 @@ def test_gpu_check_skips_cleanly_without_a_gpu() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "skipped: no NVIDIA GPU (NVML not found)"
     assert time.monotonic() - began < 30  # it starts no platform
+
+
+def test_interrupting_a_cell_that_waits_for_gpus_takes_it_out_of_the_queue(
+    platform: Platform, kernels: list[Kernel], tmp_path: Path
+) -> None:
+    client = platform.client
+    hosts = [h["name"] for h in cluster(client)["hosts"]]
+    holds = _busy_every_host(kernels[:4], hosts, tmp_path)
+    try:
+        waiter = kernels[4]
+        marker = tmp_path / "must-not-run"
+        msg_id = waiter.send(f"open({str(marker)!r}, 'w').close()")
+        wait_for(lambda: any(q["cell_id"] == msg_id for q in cluster(client)["queue"]), 10, "the cell to queue")
+        client.interrupt_kernel(waiter.kernel_id)
+        reply = waiter.reply(msg_id, timeout=20)
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        assert "did not run" in reply["content"]["evalue"]
+        assert not any(q["cell_id"] == msg_id for q in cluster(client)["queue"])
+        waiter.drain(0.5)
+        assert waiter.statuses(msg_id)[-1] == "idle"
+    finally:
+        for held in holds:
+            held.release()
+    assert not marker.exists()
+    # The kernel is fine afterwards.
+    after = waiter.reply(waiter.send("'after'"), timeout=60)
+    assert after["content"]["status"] == "ok"
