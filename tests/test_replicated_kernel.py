@@ -478,3 +478,40 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_a_gateway_stopped_politely_can_leave_kernels_running_for_the_next(tmp_path: Path) -> None:
+    """As on Kubernetes (a gateway rollout): SIGTERM stops the gateway, not the users' kernels."""
+    platform = start_platform(
+        tmp_path / "state",
+        "--hosts",
+        "3",
+        "--gpus-per-host",
+        "1",
+        "--gateway-option",
+        "NotebookOSGatewayApp.stop_kernels_on_shutdown=False",
+    )
+    try:
+        client = platform.client
+        kernel_id = client.start_kernel(KERNEL)
+        with client.connect(kernel_id) as conn:
+            conn.execute("kept = 'across a rollout'")
+        before = {r["replica_id"]: r["pid"] for r in kernel_info(client, kernel_id)["replicas"]}
+        gateway = next(p for p in platform.descendants() if "jupyter_notebookos.gateway" in " ".join(p.cmdline()))
+        gateway.terminate()
+        gateway.wait(30)
+        assert all(_alive(pid) for pid in before.values())
+
+        def reattached() -> bool:
+            try:
+                return any(k["id"] == kernel_id for k in client.request("GET", "/api/kernels", timeout=2))
+            except Exception:
+                return False
+
+        wait_for(reattached, 60, "the restarted gateway to list the kernel again")
+        assert {r["replica_id"]: r["pid"] for r in kernel_info(client, kernel_id)["replicas"]} == before
+        with client.connect(kernel_id) as conn:
+            assert conn.execute("kept", timeout=60).result_text() == "'across a rollout'"
+    finally:
+        stop_platform(platform)
+    assert not any(_alive(pid) for pid in before.values())  # `notebookos up` itself stops everything

@@ -15,6 +15,7 @@ Every knob is a traitlet, so ``c.NotebookOSGatewayApp.x`` in ``etc/jupyter/noteb
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Any
@@ -70,6 +71,17 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
     @default("launcher")
     def _launcher_default(self) -> str:
         return os.environ.get("NOTEBOOKOS_LAUNCHER", "").strip().lower() or "local"
+
+    stop_kernels_on_shutdown = Bool(
+        config=True,
+        help="Whether stopping the gateway stops the NotebookOS kernels' replicas. Default: yes for the local "
+        "launcher (the embedded platform stops as a whole); no on Kubernetes, so a gateway rollout leaves users' "
+        "kernels running and the new gateway re-attaches to them.",
+    )
+
+    @default("stop_kernels_on_shutdown")
+    def _stop_kernels_default(self) -> bool:
+        return self.launcher == "local"
 
     etcd_ca_cert = Unicode(
         config=True, help="PEM file of the CA of etcd's certificates (TLS). Env: NOTEBOOKOS_ETCD_CA_CERT."
@@ -254,7 +266,7 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
 
     async def stop_platform(self) -> None:
         """Stop the platform, then the node and pod watches (replica pods keep running)."""
-        await self.platform.stop()
+        await self.platform.stop(stop_kernels=self.stop_kernels_on_shutdown)
         if self.node_hosts is not None:
             await self.node_hosts.stop()
         stop_watches = getattr(self.platform.launcher, "stop", None)
@@ -309,7 +321,18 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
                 self.log.warning("Could not re-attach NotebookOS kernel %s", session["kernel_id"])
 
     def shutdown(self) -> None:
-        super().shutdown()
+        if self.stop_kernels_on_shutdown:
+            super().shutdown()
+        else:
+            # EG's shutdown stops every kernel; ours outlive the gateway (their routers re-attach next time).
+            ours = set(self.platform.kernels)
+            for kernel_id in self.kernel_manager.list_kernel_ids():
+                if kernel_id not in ours:
+                    with contextlib.suppress(Exception):
+                        ioloop.IOLoop.current().run_sync(
+                            lambda k=kernel_id: self.kernel_manager.shutdown_kernel(k, now=True)
+                        )
+            self.log.info("Leaving %d NotebookOS kernel(s) running for the next gateway", len(ours))
         try:
             ioloop.IOLoop.current().run_sync(self.stop_platform)
         except Exception as err:

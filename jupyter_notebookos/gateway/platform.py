@@ -298,14 +298,20 @@ class GatewayPlatform:
             ", ".join(f"{r.replica_id}@{r.host}" for r in registrations),
         )
 
-    async def stop(self) -> None:
-        """Stop every kernel's replicas and release etcd."""
+    async def stop(self, *, stop_kernels: bool = True) -> None:
+        """Release etcd; stop every kernel's replicas too, unless they are to outlive this gateway (their
+        sessions stay in etcd and the next gateway re-attaches)."""
         if self._monitor is not None:
             self._monitor.cancel()
         if self.autoscaler is not None:
             await self.autoscaler.stop()
         for kernel_id in list(self.kernels):
-            await self.stop_kernel(kernel_id, now=True)
+            if stop_kernels:
+                await self.stop_kernel(kernel_id, now=True)
+            else:
+                record = self.kernels.pop(kernel_id)
+                record.router.shutting_down = True  # its replicas' leases are theirs: nothing is lost
+                await record.router.close()
         if self.coordinator is not None:
             await self.coordinator.close()
             self.coordinator = None
