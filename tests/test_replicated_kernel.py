@@ -515,3 +515,23 @@ def test_a_gateway_stopped_politely_can_leave_kernels_running_for_the_next(tmp_p
     finally:
         stop_platform(platform)
     assert not any(_alive(pid) for pid in before.values())  # `notebookos up` itself stops everything
+
+
+def test_bad_kernelspec_config_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    spec = json.loads((REPO / "kernelspecs" / "python3-notebookos" / "kernel.json").read_text())
+    for name, config in {"nbos-five": {"replicas": 5}, "nbos-slow": {"launch_timeout": "soon"}}.items():
+        bad = json.loads(json.dumps(spec))
+        bad["metadata"]["process_proxy"]["config"].update(config)
+        (tmp_path / "jupyter" / "kernels" / name).mkdir(parents=True)
+        (tmp_path / "jupyter" / "kernels" / name / "kernel.json").write_text(json.dumps(bad))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+        platform = start_platform(tmp_path / "state", "--hosts", "3", "--gpus-per-host", "1")
+    try:
+        with pytest.raises(GatewayError, match=r"asks for 5 replicas per kernel but this gateway runs 3"):
+            platform.client.start_kernel("nbos-five")
+        with pytest.raises(GatewayError, match=r"launch timeout 'soon'.*is not a number of seconds"):
+            platform.client.start_kernel("nbos-slow")
+        assert platform.client.request("GET", "/api/notebookos/cluster")["kernels"] == []
+    finally:
+        stop_platform(platform)

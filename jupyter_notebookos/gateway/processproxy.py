@@ -42,7 +42,8 @@ class NotebookOSProcessProxy(LocalProcessProxy):
             "control": km.control_port,
             "hb": km.hb_port,
         }
-        timeout = float(env.get("KERNEL_LAUNCH_TIMEOUT") or self.proxy_config.get("launch_timeout") or 60)
+        timeout = self._launch_timeout(env)
+        self._check_replica_count()
         try:
             self.router = await GatewayPlatform.current().start_kernel(
                 kernel_id=self.kernel_id,
@@ -66,6 +67,39 @@ class NotebookOSProcessProxy(LocalProcessProxy):
             ", ".join(f"{r.replica_id}@{r.host}" for r in self.router.registrations.values()),
         )
         return self
+
+    def _launch_timeout(self, env: dict[str, str]) -> float:
+        raw = env.get("KERNEL_LAUNCH_TIMEOUT") or self.proxy_config.get("launch_timeout") or 60
+        try:
+            timeout = float(raw)
+        except (TypeError, ValueError):
+            raise web.HTTPError(
+                400,
+                f"launch timeout {raw!r} (KERNEL_LAUNCH_TIMEOUT or the kernelspec's "
+                "process_proxy.config.launch_timeout) is not a number of seconds",
+            ) from None
+        if timeout <= 0:
+            raise web.HTTPError(400, f"launch timeout {timeout:g} must be more than 0 seconds")
+        return timeout
+
+    def _check_replica_count(self) -> None:
+        """The kernelspec's ``replicas`` must be what this gateway's scheduler runs (one count per gateway)."""
+        wanted = self.proxy_config.get("replicas")
+        if wanted is None:
+            return
+        runs = GatewayPlatform.current().scheduler.settings.replicas
+        if not isinstance(wanted, int) or isinstance(wanted, bool) or wanted < 1:
+            raise web.HTTPError(
+                400,
+                f"kernelspec {self.kernel_manager.kernel_name}: process_proxy.config.replicas "
+                f"must be a whole number of replicas (1 or more), not {wanted!r}",
+            )
+        if wanted != runs:
+            raise web.HTTPError(
+                400,
+                f"kernelspec {self.kernel_manager.kernel_name} asks for {wanted} replicas per kernel but this gateway "
+                f"runs {runs} (c.Scheduler.replicas_per_kernel); make them agree",
+            )
 
     def poll(self) -> int | None:
         """``None`` while the kernel lives (a quorum of replicas, or recovering), else an exit code."""
