@@ -355,8 +355,8 @@ class GatewayPlatform:
         try:
             await router.bind()
             await router.start(fresh=True)
-            for slot in placement.replicas:
-                await self._start_replica(record, slot.replica_id, slot.host)
+            # All at once: a launcher may wait for its pod to run, and the kernel waits for the slowest anyway.
+            await asyncio.gather(*(self._start_replica(record, s.replica_id, s.host) for s in placement.replicas))
             timeout = launch_timeout or self.router_settings.launch_timeout
             missing = await router.wait_registered(set(record.handles), timeout)
             if missing:

@@ -98,12 +98,17 @@ def test_reconnect_while_the_first_handshake_is_pending(handler_gateway: Service
     session_id = uuid.uuid4().hex
     abandoned = open_handshake_only(url, token, kernel, session_id)
     try:
-        time.sleep(1.0)  # the abandoned handshake is registered and waits for the kernel (generous: loaded CI)
+        time.sleep(0.3)  # the abandoned handshake is registered and waits for the kernel
         client = KernelSocket(url, token, kernel, session_id, timeout=30)
         try:
             assert client.handshake_seconds < 10
             messages, _ = client.execute("print(1+1)", timeout=10)
             assert stdout_of(messages) == "2\n"
+            # Whether the abandoned handshake was still pending (refused) or had just opened (taken over and
+            # closed in the background) depends on timing on a loaded machine; either way one connection stays.
+            deadline = time.monotonic() + 10
+            while connections(url, token, kernel) != 1 and time.monotonic() < deadline:
+                time.sleep(0.2)
             assert connections(url, token, kernel) == 1
         finally:
             client.close()
