@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 import websocket
-from support import REPO, Platform, free_port, start_platform, stop_platform
+from support import REPO, Platform, free_port, processes_of, start_platform, stop_platform
 
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
 
@@ -317,7 +317,16 @@ def test_a_replica_that_never_registers_fails_the_start_clearly(tmp_path: Path) 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYTHONPATH", str(hook))
         patch.setenv("EG_INHERITED_ENVS", "PYTHONPATH")
-        platform = start_platform(tmp_path / "state", "--hosts", "3", "--gpus-per-host", "1")
+        # Warm replica processes started before the hook is in place would not hang: start them cold.
+        platform = start_platform(
+            tmp_path / "state",
+            "--hosts",
+            "3",
+            "--gpus-per-host",
+            "1",
+            "--gateway-option",
+            "LocalLauncher.warm_replicas=0",
+        )
     try:
         began = time.monotonic()
         with pytest.raises(GatewayError) as failed:
@@ -441,6 +450,22 @@ def run_and_capture(conn: KernelConnection, replica: str, code: str) -> str:
             idle = True
     assert reply["metadata"]["notebookos"]["replica"] == replica
     return text.strip()
+
+
+def test_replicas_start_from_the_warm_pool(shared_up: Platform) -> None:
+    def warm_pids() -> set[int]:
+        return {p.pid for p in processes_of(shared_up.state_dir) if "--warm" in p.cmdline()}
+
+    waiting = wait_for(lambda: warm_pids() if len(warm_pids()) >= 3 else None, 60, "three warm replica processes")
+    kernel_id = shared_up.client.start_kernel(KERNEL)
+    try:
+        replicas = {r["pid"] for r in kernel_info(shared_up.client, kernel_id)["replicas"]}
+        assert replicas <= waiting, (replicas, waiting)  # the kernel's replicas are the processes that waited
+        wait_for(lambda: len(warm_pids() - replicas) >= 3, 60, "the pool to be refilled")
+        with shared_up.client.connect(kernel_id) as conn:
+            assert conn.execute("import os\nos.environ['NOTEBOOKOS_KERNEL_ID']").result_text() == repr(kernel_id)
+    finally:
+        shared_up.client.shutdown_kernel(kernel_id)
 
 
 def test_a_restarted_gateway_reattaches_to_running_kernels(tmp_path: Path) -> None:

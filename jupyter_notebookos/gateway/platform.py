@@ -204,6 +204,9 @@ class GatewayPlatform:
             }
             await self.coordinator.put(self.coordinator.keys.host(host.name), json.dumps(record))
         self.adopted = await self._reattach()
+        warm = getattr(self.launcher, "warm", None)
+        if warm is not None:
+            warm()
         self._monitor = asyncio.ensure_future(self._monitor_replicas())
         if self.autoscaler is not None:
             self.autoscaler.start()

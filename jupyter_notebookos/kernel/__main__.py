@@ -7,6 +7,8 @@ cannot be read at start); 4 is a replica that lost its lease later (see :mod:`.a
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 
 EXIT_CONFIG = 2
@@ -14,8 +16,36 @@ EXIT_ETCD_UNREACHABLE = 3
 EXIT_RESTORE_FAILED = 5
 
 
+def wait_for_assignment() -> bool:
+    """Warm mode (``--warm``): do the expensive imports now, then wait for an assignment on stdin.
+
+    The launcher writes one JSON line ``{"env", "log", "cwd"}``: this process then becomes that replica
+    (its environment replaced, its output sent to the log). False when stdin closed first (pool shut down).
+    """
+    import jupyter_notebookos.kernel.app  # noqa: F401 - ipykernel, IPython, grpc, numpy...
+
+    line = sys.stdin.readline()
+    if not line.strip():
+        return False
+    assignment = json.loads(line)
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in assignment["env"].items()})
+    if assignment.get("cwd"):
+        os.chdir(assignment["cwd"])
+    log = os.open(assignment["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return True
+
+
 def main() -> int:
     """Run the replica until shutdown; returns the exit status."""
+    if "--warm" in sys.argv[1:] and not wait_for_assignment():
+        return 0
     from jupyter_notebookos.coordination.errors import CoordinationError
     from jupyter_notebookos.kernel.app import ReplicaApp
     from jupyter_notebookos.kernel.settings import ReplicaConfigError
