@@ -359,7 +359,16 @@ class GatewayPlatform:
             await router.bind()
             await router.start(fresh=True)
             # All at once: a launcher may wait for its pod to run, and the kernel waits for the slowest anyway.
-            await asyncio.gather(*(self._start_replica(record, s.replica_id, s.host) for s in placement.replicas))
+            starts = [
+                asyncio.ensure_future(self._start_replica(record, s.replica_id, s.host)) for s in placement.replicas
+            ]
+            try:
+                await asyncio.gather(*starts)
+            except BaseException:
+                for pending in starts:
+                    pending.cancel()
+                await asyncio.gather(*starts, return_exceptions=True)
+                raise
             timeout = launch_timeout or self.router_settings.launch_timeout
             missing = await router.wait_registered(set(record.handles), timeout)
             if missing:
@@ -391,8 +400,13 @@ class GatewayPlatform:
         if record is None:
             return
         record.router.shutting_down = True
+        handles = dict(record.handles)
+        with contextlib.suppress(Exception):  # also those whose start was cut short (no handle recorded)
+            handles.update(
+                {h.replica_id: h for h in await self.launcher.find_replicas(kernel_id) if h.replica_id not in handles}
+            )
         await asyncio.gather(
-            *(self.launcher.stop_replica(h, now=now) for h in record.handles.values()), return_exceptions=True
+            *(self.launcher.stop_replica(h, now=now) for h in handles.values()), return_exceptions=True
         )
         await record.router.close()
         for key in [k for k in self._waiting if k[0] == kernel_id]:

@@ -360,9 +360,16 @@ class KubernetesLauncher(Launcher):
         key = f"{namespace}/{name}"
         await self.start()
         self._wakeups[key] = asyncio.Event()
+        create = asyncio.ensure_future(asyncio.to_thread(self.core_api.create_namespaced_pod, namespace, pod))
         try:
             try:
-                await asyncio.to_thread(self.core_api.create_namespaced_pod, namespace, pod)
+                await asyncio.shield(create)
+            except asyncio.CancelledError:
+                # The caller gave up (a sibling replica failed): the pod must not outlive the launch.
+                with contextlib.suppress(Exception):
+                    await create
+                    await self._delete(key, now=True)
+                raise
             except Exception as err:
                 raise api_error(err, f"create replica pod {name}", namespace) from None
             self.log.info(
@@ -375,7 +382,12 @@ class KubernetesLauncher(Launcher):
             if not self.wait_until_running:
                 self._starting[key] = asyncio.ensure_future(self._follow_start(key, timeout, spec))
                 return ReplicaHandle(kernel_id=spec.kernel_id, replica_id=spec.replica_id, host=spec.host, pod=name)
-            node = await self._wait_running(key, timeout, spec)
+            try:
+                node = await self._wait_running(key, timeout, spec)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._delete(key, now=True))
+                raise
         finally:
             if key not in self._starting:
                 self._wakeups.pop(key, None)
