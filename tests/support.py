@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from jupyter_notebookos.embedded.runner import NOTEBOOKOS, PlatformProcess, free_port, processes_of
 
@@ -10,7 +13,30 @@ REPO = Path(__file__).resolve().parent.parent
 
 Platform = PlatformProcess
 
-__all__ = ["NOTEBOOKOS", "REPO", "Platform", "free_port", "processes_of", "start_platform", "stop_platform"]
+__all__ = [
+    "NOTEBOOKOS",
+    "REPO",
+    "Platform",
+    "free_port",
+    "processes_of",
+    "start_platform",
+    "stop_platform",
+    "wait_for",
+]
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:
+    """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
 
 
 def start_platform(state_dir: Path, *args: str, timeout: float = 90.0) -> Platform:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from support import Platform, start_platform, stop_platform
+from support import Platform, start_platform, stop_platform, wait_for
 
 from jupyter_notebookos.client import GatewayClient
 
@@ -16,16 +16,6 @@ KERNEL = "python3-notebookos"
 
 def cluster(client: GatewayClient) -> dict:
     return dict(client.request("GET", "/api/notebookos/cluster"))
-
-
-def wait_for(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.25)
 
 
 @pytest.fixture

@@ -19,29 +19,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import REPO, Platform, start_platform, stop_platform
+from support import REPO, Platform, start_platform, stop_platform, wait_for
 
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
 from jupyter_notebookos.coordination.client import Coordinator
 from jupyter_notebookos.gpu.discovery import nvml_devices
 
 KERNEL = "python3-notebookos"
-T = TypeVar("T")
-
-
-def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 @dataclass

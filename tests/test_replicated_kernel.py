@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 import websocket
-from support import REPO, Platform, free_port, processes_of, start_platform, stop_platform
+from support import REPO, Platform, free_port, processes_of, start_platform, stop_platform, wait_for
 
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
 
@@ -23,17 +23,6 @@ KERNEL = "python3-notebookos"
 
 def kernel_info(client: GatewayClient, kernel_id: str) -> dict:
     return dict(client.request("GET", f"/api/notebookos/kernels/{kernel_id}"))
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def ready_replicas(client: GatewayClient, kernel_id: str) -> list[dict]:
@@ -480,13 +469,7 @@ def test_a_restarted_gateway_reattaches_to_running_kernels(tmp_path: Path) -> No
         gateway.kill()
         gateway.wait(10)
 
-        def reattached() -> bool:
-            try:
-                return any(k["id"] == kernel_id for k in client.request("GET", "/api/kernels", timeout=2))
-            except Exception:
-                return False
-
-        wait_for(reattached, 60, "the restarted gateway to list the kernel again")
+        wait_for(lambda: _gateway_lists(client, kernel_id), 60, "the restarted gateway to list the kernel again")
         after = {r["replica_id"]: r["pid"] for r in kernel_info(client, kernel_id)["replicas"]}
         assert after == before  # the same replica processes, not new ones
         with client.connect(kernel_id) as conn:
@@ -527,13 +510,7 @@ def test_a_gateway_stopped_politely_can_leave_kernels_running_for_the_next(tmp_p
         gateway.wait(30)
         assert all(_alive(pid) for pid in before.values())
 
-        def reattached() -> bool:
-            try:
-                return any(k["id"] == kernel_id for k in client.request("GET", "/api/kernels", timeout=2))
-            except Exception:
-                return False
-
-        wait_for(reattached, 60, "the restarted gateway to list the kernel again")
+        wait_for(lambda: _gateway_lists(client, kernel_id), 60, "the restarted gateway to list the kernel again")
         assert {r["replica_id"]: r["pid"] for r in kernel_info(client, kernel_id)["replicas"]} == before
         with client.connect(kernel_id) as conn:
             assert conn.execute("kept", timeout=60).result_text() == "'across a rollout'"
@@ -560,3 +537,11 @@ def test_bad_kernelspec_config_is_refused_before_anything_starts(tmp_path: Path)
         assert platform.client.request("GET", "/api/notebookos/cluster")["kernels"] == []
     finally:
         stop_platform(platform)
+
+
+def _gateway_lists(client: GatewayClient, kernel_id: str) -> bool:
+    """Whether the gateway answers and lists the kernel (False while it is restarting)."""
+    try:
+        return any(k["id"] == kernel_id for k in client.request("GET", "/api/kernels", timeout=2))
+    except Exception:
+        return False
