@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 
 #: How many request ids the router remembers for routing iopub (oldest forgotten first).
 ROUTE_MEMORY = 4096
+#: A cell whose decision conflicts in etcd this many times in a row is answered with an error.
+MAX_COMMIT_CONFLICTS = 40
 
 
 class CellRejected(Exception):
@@ -63,9 +65,6 @@ class CellRequest:
     kernel_id: str
     cell_id: str
     gpus: int
-    replicas: dict[str, str]  # replica id -> host, of registered replicas
-    up_to_date: frozenset[str]  # replicas that applied every earlier record
-    previous: str | None  # the executor of the previous cell
     arrived: float  # time.monotonic() at arrival
     prefer: str | None = None  # a replica the client asked for (execute_request metadata.notebookos.replica)
 
@@ -491,18 +490,9 @@ class ReplicaRouter:
 
     async def _attempt_cell(self, cell: PendingCell) -> None:
         msg_id = cell.request.msg_id
+        request = CellRequest(self.kernel_id, msg_id, self.gpus, cell.arrived, cell.prefer)
+        conflicts = 0
         while True:
-            up_to_date = frozenset(r for r in self.registrations if self.state_seq.get(r, -1) >= self.log_head)
-            request = CellRequest(
-                kernel_id=self.kernel_id,
-                cell_id=msg_id,
-                gpus=self.gpus,
-                replicas={r: reg.host for r, reg in self.registrations.items()},
-                up_to_date=up_to_date,
-                previous=self.executor,
-                arrived=cell.arrived,
-                prefer=cell.prefer,
-            )
             self.waiting = cell
             cell.waiter = asyncio.ensure_future(self.planner.acquire(request, self.changed))
             try:
@@ -527,6 +517,16 @@ class ReplicaRouter:
             if await self._commit(cell, grant):
                 break
             self.planner.release(self.kernel_id, msg_id)
+            conflicts += 1
+            if conflicts >= MAX_COMMIT_CONFLICTS:
+                self._error_reply(
+                    cell,
+                    "NotebookOSConflict",
+                    f"the decision for this cell conflicted in etcd {conflicts} times (GPU ledger or executor key "
+                    "held by something else); the cell did not run. Run it again; if this repeats, check "
+                    "/api/notebookos/cluster and the gateway log.",
+                )
+                return
             await asyncio.sleep(0.05)
 
         link = self.links[grant.replica_id]
