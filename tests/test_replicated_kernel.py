@@ -443,7 +443,12 @@ def run_and_capture(conn: KernelConnection, replica: str, code: str) -> str:
 
 def test_replicas_start_from_the_warm_pool(shared_up: Platform) -> None:
     def warm_pids() -> set[int]:
-        return {p.pid for p in processes_of(shared_up.state_dir) if "--warm" in p.cmdline()}
+        found = set()
+        for process in processes_of(shared_up.state_dir):
+            with contextlib.suppress(psutil.Error):  # e.g. one exiting right now
+                if "--warm" in process.cmdline() and process.status() != psutil.STATUS_ZOMBIE:
+                    found.add(process.pid)
+        return found
 
     waiting = wait_for(lambda: warm_pids() if len(warm_pids()) >= 3 else None, 60, "three warm replica processes")
     kernel_id = shared_up.client.start_kernel(KERNEL)

@@ -194,6 +194,9 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
     node_hosts: Any = None  # Kubernetes: the GPU nodes as hosts (gateway.nodes.NodeHosts)
 
     def init_configurables(self) -> None:
+        # traitlets leaves the app's logger at DEBUG (its handler filters): records built for nothing on every
+        # message. The logger itself gets the configured level.
+        self.log.setLevel(self.log_level)
         super().init_configurables()
         scheduler = Scheduler(parent=self)
         # The autoscaler thinks in hosts of the embedded mode's size unless configured otherwise.

@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 
 #: How many request ids the router remembers for routing iopub (oldest forgotten first).
 ROUTE_MEMORY = 4096
+#: How often a cell adopted from a previous gateway checks whether its state record was published.
+ADOPTED_POLL_S = 2.0
+#: A cell that has no executor after this many seconds is announced busy by the router itself.
+BUSY_AFTER_S = 0.02
 #: A cell whose decision conflicts in etcd this many times in a row is answered with an error.
 MAX_COMMIT_CONFLICTS = 40
 
@@ -200,6 +204,7 @@ class ReplicaRouter:
 
         self._queue: asyncio.Queue[PendingCell] = asyncio.Queue()
         self.adopted_cells: list[PendingCell] = []  # running when a previous gateway died
+
         self._routes: OrderedDict[str, str] = OrderedDict()  # request msg_id -> replica id
         self._stdin_owner: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -256,7 +261,16 @@ class ReplicaRouter:
         self._spawn(self._dispatch_loop())
 
     def _adopt_running_cell(self, record: dict[str, Any]) -> None:
-        """A cell that was running when the previous gateway died: release its GPUs when it replies."""
+        """A cell that was running when the previous gateway died: release its GPUs when it replies.
+
+        A cell whose state record is already in the log had finished (only its GPU entries were not deleted
+        yet): its entries are deleted instead."""
+        if int(record.get("seq", 0)) <= self.published_seq:
+            stale = [self.keys.cell(self.kernel_id, record["msg_id"])]
+            stale += [self.keys.gpu(str(record["host"]), d) for d in record.get("gpus", ())]
+            self._spawn(self._delete_keys(stale))
+            self.planner.release(self.kernel_id, record["msg_id"])
+            return
         header = json.dumps({"msg_id": record["msg_id"], "msg_type": "execute_request"}).encode()
         request = WireMessage([], b"", header, b"{}", b"{}", b"{}")
         cell = PendingCell(request, time.monotonic(), attempt=int(record.get("attempt", 1)))
@@ -481,7 +495,15 @@ class ReplicaRouter:
         self.running = cell
         self._remember_route(cell.request.msg_id, cell.grant.replica_id)
         try:
-            await cell.done
+            # Its reply may never come (it finished while no gateway listened): its published state record
+            # says it is over as well.
+            while not cell.done.done():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(cell.done), ADOPTED_POLL_S)
+                if not cell.done.done():
+                    with contextlib.suppress(CoordinationError):
+                        if await self._published_seq() >= cell.seq:
+                            break
         finally:
             self.adopted_cells.remove(cell)
             self.running = None
@@ -496,6 +518,14 @@ class ReplicaRouter:
             self.waiting = cell
             cell.waiter = asyncio.ensure_future(self.planner.acquire(request, self.changed))
             try:
+                done, _ = await asyncio.wait({cell.waiter}, timeout=BUSY_AFTER_S)
+                if not done:
+                    # It waits for GPUs (or a migration): clients see the kernel busy meanwhile. A cell that
+                    # gets its executor at once needs no extra message: the replica says busy itself.
+                    busy = self.signer.make(
+                        "status", {"execution_state": "busy"}, cell.request, idents=[b"kernel.status"]
+                    )
+                    await self._sockets["iopub"].send_multipart(busy.frames())
                 grant = await cell.waiter
             except CellRejected as err:
                 self._error_reply(cell, "NotebookOSCellRejected", str(err))
@@ -608,6 +638,12 @@ class ReplicaRouter:
         cell.seq = seq
         self.log_head = seq
         return True
+
+    async def _delete_keys(self, keys: list[str]) -> None:
+        try:
+            await self.coordinator.txn(compare=[], success=[Op.delete(k) for k in keys], failure=[])
+        except CoordinationError as err:
+            log.warning("kernel %s: deleting stale cell entries in etcd failed: %s", self.kernel_id, err)
 
     async def _release(self, cell: PendingCell, grant: CellGrant) -> None:
         ops = [Op.delete(self.keys.cell(self.kernel_id, cell.request.msg_id))]
@@ -742,9 +778,6 @@ class ReplicaRouter:
             asked = msg.metadata().get(METADATA_KEY)
             prefer = str(asked["replica"]) if isinstance(asked, dict) and asked.get("replica") is not None else None
             await self._queue.put(PendingCell(msg, time.monotonic(), prefer=prefer))
-            # Busy from the moment the gateway has the cell, also while it waits for GPUs.
-            busy = self.signer.make("status", {"execution_state": "busy"}, msg, idents=[b"kernel.status"])
-            await self._sockets["iopub"].send_multipart(busy.frames())
             return
         target = self._target_replica()
         if target is None:

@@ -184,8 +184,11 @@ class LocalLauncher(Launcher):
         return False
 
     def warm(self) -> None:
-        """Start the pool now (the gateway calls this at start-up, so the first kernel finds it ready)."""
-        self._refill(startup_env({k: v for k, v in os.environ.items() if k in _inherited()}))
+        """Start the pool now (the gateway calls this at start-up, so the first kernel finds it ready).
+
+        Kernels get the gateway's own start-up variables (Enterprise Gateway passes them on), so the pool
+        starts with those; a replica asked for with others is started cold and the pool follows it."""
+        self._refill(startup_env(dict(os.environ)))
 
     async def stop(self) -> None:
         """Let the warm processes go (replicas themselves are stopped one by one by the platform)."""
@@ -256,7 +259,3 @@ class LocalLauncher(Launcher):
         except (OSError, ValueError, KeyError, psutil.Error):
             return False
 
-
-def _inherited() -> set[str]:
-    """The variables Enterprise Gateway passes on to kernels from its own environment (EG_INHERITED_ENVS)."""
-    return {name.strip() for name in os.environ.get("EG_INHERITED_ENVS", "").split(",") if name.strip()}
