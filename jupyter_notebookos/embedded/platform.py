@@ -25,7 +25,6 @@ from typing import IO
 
 import psutil
 from rich.console import Console
-from rich.table import Table
 
 from jupyter_notebookos.embedded.etcd import EtcdCluster, EtcdClusterError
 
@@ -374,22 +373,24 @@ class EmbeddedPlatform:
         path.chmod(0o600)
 
     def print_urls(self) -> None:
-        table = Table(show_header=False, box=None)
-        table.add_row("Gateway", self.gateway_url)
-        table.add_row("Gateway token", self.token)
+        """What to open: one line each, never wrapped or cut (a URL with its token must be copyable whole)."""
+        rows = [("Gateway", self.gateway_url), ("Gateway token", self.token)]
         if self.etcd is not None:
-            table.add_row("etcd", f"{','.join(self.etcd.endpoints)}  ({self.etcd.description})")
+            rows.append(("etcd", f"{','.join(self.etcd.endpoints)} ({self.etcd.description})"))
         if self.options.lab:
-            table.add_row("JupyterLab", f"{self.lab_url}/lab?token={self.lab_token}")
-        table.add_row("Status", f"notebookos status --state-dir {self.state_dir}")
-        self.console.print(table)
+            rows.append(("JupyterLab", f"{self.lab_url}/lab?token={self.lab_token}"))
+        rows.append(("Status", f"notebookos status --state-dir {self.state_dir}"))
+        for label, value in rows:
+            self.console.print(f"[bold]{label + ':':<15}[/] {value}", soft_wrap=True, markup=True, highlight=False)
         if self.options.lab:
             self.console.print(
-                "Open the JupyterLab URL and pick the [bold]Python 3 (NotebookOS)[/] kernel. Ctrl-C stops all."
+                "Open the JupyterLab URL and pick the [bold]Python 3 (NotebookOS)[/] kernel. Ctrl-C stops all.",
+                soft_wrap=True,
             )
         else:
             self.console.print(
-                f"Clients: --gateway-url {self.gateway_url} --GatewayClient.auth_token <token>. Ctrl-C stops all."
+                f"Clients: --gateway-url {self.gateway_url} --GatewayClient.auth_token <token>. Ctrl-C stops all.",
+                soft_wrap=True,
             )
 
     def _on_signal(self, signum: int, frame: object) -> None:
