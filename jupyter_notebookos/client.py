@@ -145,7 +145,10 @@ class KernelConnection:
 
     def request(self, channel: str, msg_type: str, content: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
         """Send a request and return its reply (other messages are kept for later)."""
-        msg_id = self.send(channel, msg_type, content)
+        return self.reply(self.send(channel, msg_type, content), timeout, channel=channel)
+
+    def reply(self, msg_id: str, timeout: float = 60.0, *, channel: str = "shell") -> dict[str, Any]:
+        """The reply to request ``msg_id`` on ``channel`` (other messages are kept in ``pending``)."""
         deadline = time.monotonic() + timeout
         while True:
             msg = self.receive(deadline - time.monotonic())

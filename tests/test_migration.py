@@ -28,14 +28,6 @@ def kernel_info(client: GatewayClient, kernel_id: str) -> dict:
     return dict(client.request("GET", f"/api/notebookos/kernels/{kernel_id}"))
 
 
-def reply_of(conn: KernelConnection, msg_id: str, timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        msg = conn.receive(deadline - time.monotonic())
-        if msg["channel"] == "shell" and msg["parent_header"].get("msg_id") == msg_id:
-            return msg
-
-
 def test_rest_migration_moves_a_replica_and_the_kernel_keeps_working(one_gpu_hosts: Platform) -> None:
     client = one_gpu_hosts.client
     kernel_id = client.start_kernel(KERNEL)
@@ -64,7 +56,7 @@ def test_rest_migration_moves_a_replica_and_the_kernel_keeps_working(one_gpu_hos
                 {"code": "notes.append('b')\nint(weights.sum()), notes"},
                 metadata={"notebookos": {"replica": result["replica_id"]}},
             )
-            reply = reply_of(conn, msg_id, 60)
+            reply = conn.reply(msg_id, 60)
             assert reply["content"]["status"] == "ok"
             assert reply["metadata"]["notebookos"]["host"] == free
             assert conn.execute("notes").result_text() == "['a', 'b']"

@@ -100,20 +100,12 @@ def test_interrupt_reaches_the_running_cell(kernel: tuple[GatewayClient, str]) -
         time.sleep(1.5)
         began = time.monotonic()
         client.interrupt_kernel(kernel_id)
-        reply = wait_reply(conn, msg_id, 20)
+        reply = conn.reply(msg_id, 20)
         assert reply["content"]["status"] == "error"
         assert reply["content"]["ename"] == "KeyboardInterrupt"
         assert time.monotonic() - began < 10
         alive = conn.execute("'still alive'")
         assert alive.result_text() == "'still alive'", (alive.reply, alive.outputs)
-
-
-def wait_reply(conn: KernelConnection, msg_id: str, timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        msg = conn.receive(deadline - time.monotonic())
-        if msg["channel"] == "shell" and msg["parent_header"].get("msg_id") == msg_id:
-            return msg
 
 
 def test_unpicklable_variable_warns_once_and_the_cell_succeeds(kernel: tuple[GatewayClient, str]) -> None:
@@ -191,7 +183,7 @@ def test_killing_the_executor_mid_cell_errors_that_cell_only(kernel: tuple[Gatew
         info = kernel_info(client, kernel_id)
         executor = next(r for r in info["replicas"] if r["replica_id"] == info["executor"])
         _kill(executor["pid"])
-        reply = wait_reply(conn, msg_id, 30)
+        reply = conn.reply(msg_id, 30)
         content = reply["content"]
         assert content["status"] == "error" and content["ename"] == "ReplicaLost"
         assert "previous cell is intact" in content["evalue"] and "not re-run" in content["evalue"]
@@ -212,7 +204,7 @@ def test_gpus_are_held_only_while_a_cell_runs(kernel: tuple[GatewayClient, str])
         assert committed() == 0
         msg_id = conn.send("shell", "execute_request", {"code": "import time\ntime.sleep(3)", "silent": False})
         wait_for(lambda: committed() == 1, 5, "the cell's GPU to be committed")
-        wait_reply(conn, msg_id, 20)
+        conn.reply(msg_id, 20)
         wait_for(lambda: committed() == 0, 5, "the GPU to be released")
         devices = conn.execute("import os\nos.environ.get('CUDA_VISIBLE_DEVICES')")
         assert devices.result_text() == repr(",".join(str(g) for g in devices.notebookos["gpus"]))
@@ -397,7 +389,7 @@ def test_replicas_namespaces_equal_the_executors_while_the_executor_changes(
                 {"code": code, "silent": False, "store_history": True},
                 metadata={"notebookos": {"replica": replica}},
             )
-            reply = wait_reply(conn, msg_id, 60)
+            reply = conn.reply(msg_id, 60)
             assert reply["content"]["status"] == "ok", reply["content"]
             assert reply["metadata"]["notebookos"]["replica"] == replica
             return reply
