@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from jupyter_notebookos.coordination.client import Coordinator, EtcdTls
 from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.gateway.autoscaler import Autoscaler
+from jupyter_notebookos.gateway.ledger import LedgerReleases
 from jupyter_notebookos.gateway.metrics import PlatformMetrics
 from jupyter_notebookos.gateway.migration import MigrationRunner
 from jupyter_notebookos.gateway.router import (
@@ -163,6 +164,7 @@ class GatewayPlatform:
         self.kernels: dict[str, KernelRecord] = {}
         self.adopted: list[dict[str, Any]] = []
         self.coordinator: Coordinator | None = None
+        self.ledger: LedgerReleases | None = None  # the GPU ledger's deferred releases in etcd
         # etcd client TLS (the gateway app sets it from its traitlets); None: plain gRPC.
         self.etcd_tls: EtcdTls | None = None
         self._waiting: dict[tuple[str, str], asyncio.Future[RunCell | MigrateThenRun]] = {}
@@ -195,6 +197,7 @@ class GatewayPlatform:
         self.coordinator = await Coordinator.connect(
             self.etcd_endpoints, timeout=self.etcd_timeout, prefix=self.etcd_prefix, tls=self.etcd_tls
         )
+        self.ledger = LedgerReleases(self.coordinator)
         for host in self.hosts.values():
             record = {
                 "name": host.name,
@@ -255,7 +258,7 @@ class GatewayPlatform:
     async def _adopt(
         self, session: dict[str, Any], registrations: list[ReplicaRegistration], handles: dict[str, ReplicaHandle]
     ) -> None:
-        assert self.coordinator is not None
+        assert self.coordinator is not None and self.ledger is not None
         kernel_id, gpus = session["kernel_id"], int(session["gpus"])
         cells = [
             json.loads(c.value)
@@ -280,6 +283,7 @@ class GatewayPlatform:
             gpus=gpus,
             coordinator=self.coordinator,
             planner=self,
+            ledger=self.ledger,
             settings=self.router_settings,
             on_replica_lost=self._on_replica_lost,
         )
@@ -315,6 +319,9 @@ class GatewayPlatform:
                 record = self.kernels.pop(kernel_id)
                 record.router.shutting_down = True  # its replicas' leases are theirs: nothing is lost
                 await record.router.close()
+        if self.ledger is not None:
+            with contextlib.suppress(CoordinationError):
+                await self.ledger.flush()
         if self.coordinator is not None:
             await self.coordinator.close()
             self.coordinator = None
@@ -334,7 +341,7 @@ class GatewayPlatform:
         launch_timeout: float | None = None,
     ) -> ReplicaRouter:
         """Place the kernel's replicas, bind its router, start the replicas and wait until they registered."""
-        if self.coordinator is None:
+        if self.coordinator is None or self.ledger is None:
             raise LaunchError("the NotebookOS platform is not connected to etcd yet")
         gpus = parse_kernel_gpus(env.get("KERNEL_GPUS"))
         placement = self.scheduler.start_kernel(kernel_id, gpus, now=self.now())
@@ -350,6 +357,7 @@ class GatewayPlatform:
             gpus=gpus,
             coordinator=self.coordinator,
             planner=self,
+            ledger=self.ledger,
             settings=self.router_settings,
             on_replica_lost=self._on_replica_lost,
         )

@@ -8,7 +8,8 @@ Jupyter sockets at the connection info EG chose. Behind it run the kernel's repl
   chooses the executor among the replicas that applied every earlier state record and the GPU devices;
   the router commits that decision in **one** etcd transaction (cell record + GPU-ledger entries bound to
   the executor's lease, fenced on the executor key), forwards the request to the executor only, and on
-  ``execute_reply`` adds ``metadata.notebookos`` and releases the GPUs.
+  ``execute_reply`` adds ``metadata.notebookos`` and releases the GPUs (in the scheduler at once; in etcd
+  with the next decision, see :mod:`jupyter_notebookos.gateway.ledger`).
 - Other shell and control requests go to the current executor (or the most up-to-date replica);
   ``shutdown_request`` goes to all replicas; stdin replies go to the replica that asked.
 - iopub: a replica's messages reach clients only when their parent request was routed to that replica,
@@ -38,6 +39,7 @@ from jupyter_notebookos.coordination.client import Coordinator
 from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.coordination.kv import EventType, WatchEvent
 from jupyter_notebookos.coordination.txn import Compare, Op
+from jupyter_notebookos.gateway.ledger import LedgerReleases
 from jupyter_notebookos.gateway.wire import DELIM, MalformedMessage, Signer, WireMessage
 from jupyter_notebookos.replication.protocol import (
     METADATA_KEY,
@@ -117,6 +119,7 @@ class PendingCell:
     interrupted: bool = False
     began_executing: bool = False  # the executor said "busy" for it: from then on it is never re-sent
     retry: bool = False
+    entries: dict[str, int] = field(default_factory=dict)  # its etcd cell record and GPU entries -> revision
     done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -166,6 +169,7 @@ class ReplicaRouter:
         gpus: int,
         coordinator: Coordinator,
         planner: CellPlanner,
+        ledger: LedgerReleases,
         settings: RouterSettings | None = None,
         on_replica_lost: Callable[[ReplicaRouter, ReplicaRegistration, str], None] | None = None,
     ) -> None:
@@ -176,6 +180,7 @@ class ReplicaRouter:
         self.coordinator = coordinator
         self.keys = coordinator.keys
         self.planner = planner
+        self.ledger = ledger
         self.settings = settings or RouterSettings()
         self.signer = Signer(key, signature_scheme)
         self.on_replica_lost = on_replica_lost
@@ -192,6 +197,7 @@ class ReplicaRouter:
         self.published_seq = 0  # the highest seq whose record is in the log (or covered by a checkpoint)
         self.executor: str | None = None
         self.fence = 0  # create_revision of the executor key for the current executor
+        self._executor_key_absent = False  # known absent in etcd: a new term need not delete it first
         self.running: PendingCell | None = None
         self.waiting: PendingCell | None = None  # the cell at the head, waiting for GPUs (or a migration)
         self.cells_run = 0
@@ -236,8 +242,9 @@ class ReplicaRouter:
         """Start watching etcd and serving clients. ``fresh`` clears what a previous kernel left in etcd."""
         if fresh:
             await self.coordinator.delete_prefix(self.keys.kernel_prefix(self.kernel_id))
+            self._executor_key_absent = True
         snapshot = await self.coordinator.get_prefix(self.keys.kernel_prefix(self.kernel_id))
-        running: list[dict[str, Any]] = []
+        running: list[tuple[dict[str, Any], int]] = []
         for kv in snapshot:
             self._apply_event(WatchEvent(EventType.PUT, kv.key, kv.value, kv.mod_revision, kv.create_revision))
             section = kv.key[len(self.keys.kernel_prefix(self.kernel_id)) :].partition("/")[0]
@@ -245,9 +252,9 @@ class ReplicaRouter:
                 # Re-attaching: the executor term in force (later changes are our own, made in memory first).
                 self.executor, self.fence = kv.value.decode(), kv.create_revision
             elif section == "cells":
-                running.append(json.loads(kv.value))
-        for cell in running:
-            self._adopt_running_cell(cell)
+                running.append((json.loads(kv.value), kv.mod_revision))
+        for cell, revision in running:
+            self._adopt_running_cell(cell, revision)
         # Only what the router must react to: registrations and applied sequences. The log itself (large
         # values, one per cell) is read on demand, when an executor dies.
         for prefix in (self.keys.replicas_prefix(self.kernel_id), self.keys.applied_prefix(self.kernel_id)):
@@ -260,15 +267,15 @@ class ReplicaRouter:
         self._spawn(self._heartbeat_loop())
         self._spawn(self._dispatch_loop())
 
-    def _adopt_running_cell(self, record: dict[str, Any]) -> None:
+    def _adopt_running_cell(self, record: dict[str, Any], revision: int) -> None:
         """A cell that was running when the previous gateway died: release its GPUs when it replies.
 
         A cell whose state record is already in the log had finished (only its GPU entries were not deleted
-        yet): its entries are deleted instead."""
+        yet): its entries are deleted instead. ``revision`` wrote the cell record and its GPU entries."""
+        entries = {self.keys.cell(self.kernel_id, record["msg_id"]): revision}
+        entries.update({self.keys.gpu(str(record["host"]), d): revision for d in record.get("gpus", ())})
         if int(record.get("seq", 0)) <= self.published_seq:
-            stale = [self.keys.cell(self.kernel_id, record["msg_id"])]
-            stale += [self.keys.gpu(str(record["host"]), d) for d in record.get("gpus", ())]
-            self._spawn(self._delete_keys(stale))
+            self.ledger.release(entries)
             self.planner.release(self.kernel_id, record["msg_id"])
             return
         header = json.dumps({"msg_id": record["msg_id"], "msg_type": "execute_request"}).encode()
@@ -278,6 +285,7 @@ class ReplicaRouter:
         cell.grant = CellGrant(str(record["executor"]), str(record["host"]), tuple(record.get("gpus", ())), "adopted")
         cell.started = time.monotonic()
         cell.began_executing = True
+        cell.entries = entries
         self.log_head = max(self.log_head, cell.seq)
         self.adopted_cells.append(cell)
         self._queue.put_nowait(cell)
@@ -508,7 +516,7 @@ class ReplicaRouter:
             self.adopted_cells.remove(cell)
             self.running = None
             self.planner.release(self.kernel_id, cell.request.msg_id)
-            await self._release(cell, cell.grant)
+            self.ledger.release(cell.entries)
 
     async def _attempt_cell(self, cell: PendingCell) -> None:
         msg_id = cell.request.msg_id
@@ -575,7 +583,7 @@ class ReplicaRouter:
             self.running = None
             self.planner.release(self.kernel_id, msg_id)
             self.gpu_seconds += (time.monotonic() - cell.started) * len(grant.devices)
-            await self._release(cell, grant)
+            self.ledger.release(cell.entries)
 
     async def _commit(self, cell: PendingCell, grant: CellGrant) -> bool:
         """The one transaction of a cell: executor term (if it changes), cell record and GPU entries."""
@@ -593,12 +601,14 @@ class ReplicaRouter:
                 "seq": seq,
             }
         )
-        compares = [Compare.present(keys.replica(kid, grant.replica_id))]
-        compares += [Compare.absent(keys.gpu(grant.host, d)) for d in grant.devices]
-        ops = [Op.put(keys.cell(kid, cell.request.msg_id), record, lease=registration.lease)]
+        gpu_keys = [keys.gpu(grant.host, d) for d in grant.devices]
+        cell_key = keys.cell(kid, cell.request.msg_id)
+        claim = self.ledger.claim(gpu_keys, writes=[cell_key])  # (a cell sent again re-writes its record)
+        compares = [Compare.present(keys.replica(kid, grant.replica_id)), *claim.compares]
+        ops = [Op.put(cell_key, record, lease=registration.lease)]
         ops += [
             Op.put(
-                keys.gpu(grant.host, d),
+                key,
                 json.dumps(
                     {
                         "kernel_id": kid,
@@ -608,14 +618,17 @@ class ReplicaRouter:
                 ),
                 lease=registration.lease,
             )
-            for d in grant.devices
+            for key in gpu_keys
         ]
+        ops += claim.deletes  # earlier cells' entries, released since (see LedgerReleases)
         switching = self.executor != grant.replica_id or not self.fence
+        result = None
         try:
             if switching:
                 # A new executor term: the old executor key goes first, so the new one gets a fresh
                 # create_revision (the fence a stale executor's log write will fail on).
-                await self.coordinator.delete(executor_key)
+                if not self._executor_key_absent:
+                    await self.coordinator.delete(executor_key)
                 compares.append(Compare.absent(executor_key))
                 ops.append(Op.put(executor_key, grant.replica_id, lease=registration.lease))
             else:
@@ -624,6 +637,9 @@ class ReplicaRouter:
         except CoordinationError as err:
             self._error_reply(cell, "NotebookOSUnavailable", f"{err}")
             raise _CellAborted(str(err)) from err
+        finally:
+            self.ledger.settle(claim, result is not None and result.succeeded)
+        self._executor_key_absent = False
         if not result.succeeded:
             log.warning(
                 "kernel %s: decision for cell %s conflicted in etcd; choosing again",
@@ -636,28 +652,10 @@ class ReplicaRouter:
         if switching:
             self.executor, self.fence = grant.replica_id, result.revision
         cell.seq = seq
+        cell.entries = {cell_key: result.revision}
+        cell.entries.update((key, result.revision) for key in gpu_keys)
         self.log_head = seq
         return True
-
-    async def _delete_keys(self, keys: list[str]) -> None:
-        try:
-            await self.coordinator.txn(compare=[], success=[Op.delete(k) for k in keys], failure=[])
-        except CoordinationError as err:
-            log.warning("kernel %s: deleting stale cell entries in etcd failed: %s", self.kernel_id, err)
-
-    async def _release(self, cell: PendingCell, grant: CellGrant) -> None:
-        ops = [Op.delete(self.keys.cell(self.kernel_id, cell.request.msg_id))]
-        ops += [Op.delete(self.keys.gpu(grant.host, d)) for d in grant.devices]
-        try:
-            await self.coordinator.txn(compare=[], success=ops, failure=[])
-        except CoordinationError as err:
-            # The entries are bound to the executor's lease: they cannot outlive it.
-            log.warning(
-                "kernel %s: releasing the GPUs of cell %s in etcd failed: %s",
-                self.kernel_id,
-                cell.request.msg_id,
-                err,
-            )
 
     def _fail_running_cell(self, cell: PendingCell, registration: ReplicaRegistration, why: str) -> None:
         self._spawn(self._close_lost_seqs(registration.replica_id))

@@ -47,6 +47,10 @@ PUBLISH_RETRY_SECONDS = 30.0
 #: instead of once per cell. Every applied put is an etcd write plus a watch event for the gateway, and on a
 #: busy host those compete with the cell in flight for the same cores.
 APPLIED_REPORT_INTERVAL = 0.1
+#: How long the record of a cell that changed nothing may wait to go out with later records.
+HOLD_EMPTY_RECORDS_S = 0.1
+#: Most records held back for one transaction.
+MAX_HELD_RECORDS = 32
 
 
 class CoordinationThread:
@@ -114,6 +118,8 @@ class ReplicaAgent:
         self._applied_reported = FIRST_SEQ - 1
         self._applied_wakeup: asyncio.Event | None = None
         self._publish_lock: asyncio.Lock | None = None
+        self._held: list[tuple[LogRecord, int, asyncio.Future[PublishOutcome]]] = []  # (record, fence, written)
+        self._hold_timer: asyncio.TimerHandle | None = None
         self._tasks: list[asyncio.Task[Any]] = []
 
     # -- start-up (blocking, from the main thread) ----------------------------------------------------
@@ -170,9 +176,7 @@ class ReplicaAgent:
             compare=[],
             success=[
                 Op.put(self.keys.replica(self.kid, self.rid), registration.to_json(), lease=self.lease),
-                Op.put(
-                    self.keys.applied(self.kid, self.rid), str(registration.applied_seq), lease=self.lease
-                ),
+                Op.put(self.keys.applied(self.kid, self.rid), str(registration.applied_seq), lease=self.lease),
             ],
         )
         self._applied_reported = max(self._applied_reported, registration.applied_seq)
@@ -234,44 +238,106 @@ class ReplicaAgent:
                     await asyncio.sleep(0.2)
                 last_put = loop.time()
 
-    async def publish(self, record: LogRecord, fence: int) -> PublishOutcome:
+    async def publish(self, record: LogRecord, fence: int, *, hold: bool = False) -> PublishOutcome:
         """Write ``record`` in one transaction fenced on the executor key's create_revision.
 
         The same transaction puts this replica's applied seq (the executor applied its own record). Retried
         while etcd is unreachable; the compare on the record's absence makes a retry safe.
+
+        ``hold``: the record changes nothing (a cell that bound no name). It waits up to
+        :data:`HOLD_EMPTY_RECORDS_S` and goes out with the next record or with the others held meanwhile, in
+        one transaction: a burst of such cells costs etcd (and every follower's watch) one write, not one
+        per cell. Losing a held record loses no state: if this replica dies first, the router closes its
+        seq as ``lost``, which followers apply the same way (nothing changes).
         """
         assert self._publish_lock is not None
         async with self._publish_lock:  # records go out in the order their cells ran
-            return await self._publish(record, fence)
+            if self._held and self._held[0][1] != fence:
+                await self._write_held()  # a new executor term: the older records go on their own
+            written: asyncio.Future[PublishOutcome] = asyncio.get_running_loop().create_future()
+            self._held.append((record, fence, written))
+            if not hold or len(self._held) >= MAX_HELD_RECORDS:
+                await self._write_held()
+            elif self._hold_timer is None:
+                self._hold_timer = asyncio.get_running_loop().call_later(HOLD_EMPTY_RECORDS_S, self._held_due)
+        return await written
 
-    async def _publish(self, record: LogRecord, fence: int) -> PublishOutcome:
+    async def flush_held(self) -> None:
+        """Write the records held back now (before a checkpoint, or at shutdown)."""
+        assert self._publish_lock is not None
+        async with self._publish_lock:
+            await self._write_held()
+
+    def _held_due(self) -> None:
+        self._hold_timer = None
+        task = asyncio.get_running_loop().create_task(self.flush_held(), name="held records")
+        self._tasks.append(task)
+        task.add_done_callback(self._tasks.remove)
+
+    async def _write_held(self) -> None:
+        """Write every held record in one transaction and resolve their futures (under the publish lock)."""
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        held, self._held = self._held, []
+        if not held:
+            return
+        try:
+            outcomes = await self._publish([r for r, _, _ in held], held[0][1])
+        except Exception as exc:  # LeaseLost: each publisher hears of it
+            for _, _, written in held:
+                if not written.done():
+                    written.set_exception(exc)
+            return
+        for (_, _, written), outcome in zip(held, outcomes, strict=True):
+            if not written.done():
+                written.set_result(outcome)
+
+    async def _publish(self, records: list[LogRecord], fence: int) -> list[PublishOutcome]:
         co = self._co()
-        log_key = self.keys.log_record(self.kid, record.seq)
+        log_keys = [self.keys.log_record(self.kid, r.seq) for r in records]
         executor_key = self.keys.executor(self.kid)
+        last = records[-1].seq
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PUBLISH_RETRY_SECONDS
         while True:
             try:
                 result = await co.txn(
-                    compare=[Compare.create_revision(executor_key, "==", fence), Compare.absent(log_key)],
+                    compare=[Compare.create_revision(executor_key, "==", fence), *map(Compare.absent, log_keys)],
                     success=[
-                        Op.put(log_key, record.to_json()),
-                        Op.put(self.keys.applied(self.kid, self.rid), str(record.seq), lease=self.lease),
+                        *(Op.put(k, r.to_json()) for k, r in zip(log_keys, records, strict=True)),
+                        Op.put(self.keys.applied(self.kid, self.rid), str(last), lease=self.lease),
                     ],
-                    failure=[Op.get(executor_key), Op.get(log_key)],
+                    failure=[Op.get(executor_key), *map(Op.get, log_keys)],
                 )
                 break
             except LeaseLost:
                 raise
             except CoordinationError as exc:
                 if loop.time() > deadline or self._stopping:
-                    return PublishOutcome(record.seq, False, f"etcd unavailable: {exc}")
-                log.warning("publishing record %d: %s; retrying", record.seq, exc)
+                    return [PublishOutcome(r.seq, False, f"etcd unavailable: {exc}") for r in records]
+                log.warning("publishing records %d..%d: %s; retrying", records[0].seq, last, exc)
                 await asyncio.sleep(0.2)
         if result.succeeded:
-            self._applied_reported = max(self._applied_reported, record.seq)
-            return PublishOutcome(record.seq, True)
-        executor_items, log_items = result.results[0].items, result.results[1].items
+            self._applied_reported = max(self._applied_reported, last)
+            return [PublishOutcome(r.seq, True) for r in records]
+        executor_items = result.results[0].items
+        outcomes = [
+            self._refusal(r, executor_key, executor_items, fence, i.items)
+            for r, i in zip(records, result.results[1:], strict=True)
+        ]
+        if len(records) > 1 and any(not o.written for o in outcomes) and any(o.written for o in outcomes):
+            # Some of a batch were written by an earlier attempt: write the others on their own.
+            return [
+                o if o.written else (await self._publish([r], fence))[0] for r, o in zip(records, outcomes, strict=True)
+            ]
+        return outcomes
+
+    @staticmethod
+    def _refusal(
+        record: LogRecord, executor_key: str, executor_items: list[Any], fence: int, log_items: list[Any]
+    ) -> PublishOutcome:
+        """Why ``record`` was not written by a refused publication (or that an earlier attempt wrote it)."""
         if log_items:
             existing = LogRecord.from_json(log_items[0].value)
             if existing.msg_id == record.msg_id and existing.replica_id == record.replica_id:
@@ -284,6 +350,8 @@ class ReplicaAgent:
         if not executor_items:
             return PublishOutcome(record.seq, False, f"no executor is elected ({executor_key} is absent)")
         current = executor_items[0]
+        if current.create_revision == fence:
+            return PublishOutcome(record.seq, False, "another record of the same batch was refused")
         return PublishOutcome(
             record.seq,
             False,
@@ -335,8 +403,7 @@ class ReplicaAgent:
                 Compare.mod_revision(key, "==", current.mod_revision if current is not None else 0),
                 Compare.present(self.keys.log_record(self.kid, pointer.seq)),
             ],
-            success=[Op.put(key, pointer.to_json())]
-            + [Op.delete(self.keys.log_record(self.kid, s)) for s in delete],
+            success=[Op.put(key, pointer.to_json())] + [Op.delete(self.keys.log_record(self.kid, s)) for s in delete],
         )
         return result.succeeded
 

@@ -341,11 +341,12 @@ class ReplicaKernel(IPythonKernel):
                 finally:
                     uploaded.set_result(None)
             uploaded_ms = (time.perf_counter() - started) * 1e3
-            outcome = await agent.publish(record, directive.fence)
+            outcome = await agent.publish(record, directive.fence, hold=pending.empty)
             took_ms = (time.perf_counter() - started) * 1e3
             # One line per cell at INFO only when there is something to say: a log write per trivial cell
-            # is a measurable share of its cost.
-            level = logging.INFO if pending.views or not outcome.written or took_ms > 100 else logging.DEBUG
+            # is a measurable share of its cost. (An empty record is held back on purpose: its wait is no news.)
+            slow = took_ms > 100 and not pending.empty
+            level = logging.INFO if pending.views or not outcome.written or slow else logging.DEBUG
             log.log(
                 level,
                 "record %d (%d names, %d buffers) %s in %.1f ms (upload %.1f ms)%s",
@@ -404,6 +405,7 @@ class ReplicaKernel(IPythonKernel):
                 pointer = await loop.run_in_executor(None, statelog.finish_checkpoint, pending, seq)
             finally:
                 uploaded.set_result(None)
+            await agent.flush_held()  # the checkpoint requires the record it covers to be in the log
             done = await agent.commit_checkpoint(pointer, delete, fence)
             log.info(
                 "checkpoint at seq %d %s in %.1f ms (%d records deleted)",

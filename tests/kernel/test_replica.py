@@ -128,6 +128,24 @@ def test_directed_cell_publishes_exactly_one_fenced_record(replicas: ReplicaFact
     assert r0.execute("print('z' in globals(), y)").stdout == "False 42\n"
 
 
+def test_records_of_cells_that_bind_nothing_go_out_together(replicas: ReplicaFactory) -> None:
+    r0 = replicas.start("r0")
+    r1 = replicas.start("r1")
+    fence = replicas.elect("r0")
+    codes = ["x = 1", "print(x)", "x + 1", "pass", "x = 2", "len('abc')"]
+    for seq, code in enumerate(codes, start=p.FIRST_SEQ):
+        assert r0.execute(code, CellDirective(seq=seq, fence=fence)).status == "ok"
+    replicas.wait_applied("r1", len(codes))
+    items = replicas.etcd.run(replicas.etcd.co.get_prefix(replicas.keys.log_prefix(replicas.kernel_id)))
+    revision = {replicas.keys.seq_of(kv.key): kv.mod_revision for kv in items}
+    assert sorted(revision) == [1, 2, 3, 4, 5, 6]  # one record per cell, in order, none lost
+    # Cells 2-4 changed nothing: their records waited and went out with cell 5's, in one transaction; the
+    # last one went out on its own after a short wait.
+    assert revision[2] == revision[3] == revision[4] == revision[5] != revision[1]
+    assert revision[6] > revision[5]
+    assert r1.execute("print(x)").stdout == "2\n"
+
+
 def test_follower_applies_log_and_executor_can_swap(replicas: ReplicaFactory) -> None:
     r0 = replicas.start("r0")
     r1 = replicas.start("r1")
