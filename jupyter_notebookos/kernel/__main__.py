@@ -22,7 +22,16 @@ def wait_for_assignment() -> bool:
     The launcher writes one JSON line ``{"env", "log", "cwd"}``: this process then becomes that replica
     (its environment replaced, its output sent to the log). False when stdin closed first (pool shut down).
     """
-    import jupyter_notebookos.kernel.app  # noqa: F401 - ipykernel, IPython, grpc, numpy...
+    # ipykernel, IPython, grpc, numpy..., and what IPKernelApp.initialize imports later: its debugger support
+    # alone pulls in debugpy and pdb (about 100 ms of a replica's start, more when several replicas start at
+    # once on a small machine).
+    import pydoc  # noqa: F401
+    import sqlite3  # noqa: F401
+
+    import ipykernel.debugger  # noqa: F401
+    import IPython.extensions  # noqa: F401
+
+    import jupyter_notebookos.kernel.app  # noqa: F401
 
     line = sys.stdin.readline()
     if not line.strip():
