@@ -79,8 +79,11 @@ class LedgerReleases:
             self._timer.cancel()
             self._timer = None
         claimed = {*keys, *writes}
-        deletes = [Op.delete(k) for k in taken if k not in claimed]
-        return Claim(compares, deletes, taken)
+        carried = [k for k in taken if k not in claimed]
+        # Each carried delete is conditional like a flush's: a decision that finds one of them changed is
+        # refused as a whole; the caller then flushes (which spares the changed entry) and decides again.
+        compares += [Compare.mod_revision(k, "<", taken[k] + 1) for k in carried]
+        return Claim(compares, [Op.delete(k) for k in carried], taken)
 
     def settle(self, claim: Claim, committed: bool) -> None:
         """The transaction of ``claim`` ended: if it did not commit, its deletes are pending again."""

@@ -555,6 +555,8 @@ class ReplicaRouter:
             if await self._commit(cell, grant):
                 break
             self.planner.release(self.kernel_id, msg_id)
+            with contextlib.suppress(CoordinationError):
+                await self.ledger.flush()  # a deferred release that was in the way goes first
             conflicts += 1
             if conflicts >= MAX_COMMIT_CONFLICTS:
                 self._error_reply(

@@ -91,3 +91,21 @@ async def test_a_refused_decision_leaves_its_releases_pending(coordinator: Coord
     await ledger.flush()
     assert await coordinator.get(gpu) is None and await coordinator.get(cell) is None
     assert (await coordinator.txn(compare=[Compare.present(busy)], success=[])).succeeded
+
+
+async def test_a_decision_never_deletes_an_entry_someone_else_wrote_since(coordinator: Coordinator) -> None:
+    keys = coordinator.keys
+    gpu, cell, other = keys.gpu("h5", 0), keys.cell("k1", "m1"), keys.gpu("h5", 1)
+    ledger = LedgerReleases(coordinator, delay=60.0)
+    revision = await _take(coordinator, ledger, gpu, cell)
+    ledger.release({gpu: revision, cell: revision})
+    await coordinator.put(gpu, "another gateway's entry")
+    claim = ledger.claim([other], writes=[keys.cell("k2", "m1")])
+    result = await coordinator.txn(compare=claim.compares, success=[Op.put(other, "mine"), *claim.deletes])
+    ledger.settle(claim, result.succeeded)
+    assert not result.succeeded  # it would have deleted the other gateway's entry
+    await ledger.flush()  # what the router does before deciding again
+    await _take(coordinator, ledger, other, keys.cell("k2", "m1"))
+    entry = await coordinator.get(gpu)
+    assert entry is not None and entry.text == "another gateway's entry"
+    assert await coordinator.get(cell) is None
