@@ -129,8 +129,10 @@ def stock_gateway(workdir: Path, token: str) -> Iterator[GatewayClient]:
                 child.kill()
 
 
-def interleaved_latency(kernels: dict[str, Kernel], cells: int, warmup: int, block: int = 10) -> None:
-    """Run ``pass`` on every kernel, ``block`` cells at a time in turn, recording each round trip."""
+def interleaved_latency(
+    kernels: dict[str, Kernel], cells: int, warmup: int, block: int = 10, code: str = "pass"
+) -> None:
+    """Run ``code`` on every kernel, ``block`` cells at a time in turn, recording each round trip."""
     for kernel in kernels.values():
         for _ in range(warmup):
             kernel.run("pass")
@@ -140,7 +142,7 @@ def interleaved_latency(kernels: dict[str, Kernel], cells: int, warmup: int, blo
         n = min(block, cells - done)
         for kernel in kernels.values():
             for _ in range(n):
-                kernel.latencies.append(kernel.run("pass"))
+                kernel.latencies.append(kernel.run(code))
         done += n
 
 
@@ -206,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(kernels[label].close)
         interleaved_latency(kernels, cells, warmup)
         trivial = {label: list(k.latencies) for label, k in kernels.items()}
+        # A cell that binds a name: its state record goes out at once (a trivial cell's record, empty, may
+        # wait and go out with later ones).
+        binding_kernels = {label: kernels[label] for label in ("plain", "notebookos")}
+        interleaved_latency(binding_kernels, max(20, cells // 2), 5, code="x = 1")
+        binding = {label: list(k.latencies) for label, k in binding_kernels.items()}
 
         # -- 100 MB array ---------------------------------------------------------------------------------
         plain, nos = kernels["plain"], kernels["notebookos"]
@@ -227,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         interleaved_latency(with_state, max(20, cells // 4), 5)
         trivial_big = {label: list(k.latencies) for label, k in with_state.items()}
 
-    report(console, trivial, start_times, array_reply, applied, trivial_big, args.start_gap)
+    report(console, trivial, binding, start_times, array_reply, applied, trivial_big, args.start_gap)
     leftovers = processes_of(workdir / "state")
     if leftovers:
         console.print(f"[red]left-over processes: {[p.pid for p in leftovers]}[/red]")
@@ -242,6 +249,7 @@ def _stop_platform(platform: object) -> None:
 def report(
     console: Console,
     trivial: dict[str, list[float]],
+    binding: dict[str, list[float]],
     start_times: dict[str, list[float]],
     array_reply: dict[str, list[float]],
     applied: list[float],
@@ -262,6 +270,14 @@ def report(
     )
     p99, n99 = percentile(trivial["plain"], 0.99), percentile(trivial["notebookos"], 0.99)
     table.add_row("trivial cell p99", ms(p99), ms(n99), f"{n99 / p99:.2f}x", "")
+    xp, xn = statistics.median(binding["plain"]), statistics.median(binding["notebookos"])
+    table.add_row(
+        f"cell binding a name (x = 1) p50 ({len(binding['plain'])} cells)",
+        ms(xp),
+        ms(xn),
+        f"{xn / xp:.2f}x, +{(xn - xp) * 1e3:.1f} ms",
+        "",
+    )
     if "stock" in trivial:
         s_med, s99 = statistics.median(trivial["stock"]), percentile(trivial["stock"], 0.99)
         table.add_row(

@@ -392,10 +392,22 @@ class StateTracker:
         self.transform = transform or _ipython_transform
         self._baseline: dict[str, Fingerprint] | None = None
         self._bindings = CellBindings(frozenset(), parsed=False)
+        # Names that are IPython's by their spelling alone (``_i42``, ``_42``): IPython adds one or two per
+        # cell and never removes them, so after thousands of cells they are most of the namespace. A set
+        # lookup rather than a regex match per name and per cell keeps a long session's cells cheap.
+        self._ipython_spelled: set[str] = set()
 
     def user_names(self) -> list[str]:
         """The user's variables currently in the namespace."""
-        return [n for n, v in list(self.user_ns.items()) if is_user_name(n, v, self.hidden)]
+        spelled, hidden, names = self._ipython_spelled, self.hidden, []
+        for name, value in list(self.user_ns.items()):
+            if name in spelled:
+                continue
+            if name in IPYTHON_NAMES or _IPYTHON_GENERATED.match(name):
+                spelled.add(name)
+            elif not (hidden is not None and name in hidden and hidden[name] is value):
+                names.append(name)
+        return names
 
     def before_cell(self, code: str) -> None:
         """Note the cell's source; take the baseline if there is none yet."""
