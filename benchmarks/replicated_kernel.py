@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer cells and kernels (about a minute)")
     parser.add_argument("--cells", type=int, help="trivial cells measured per kernel (default 200; quick 60)")
     parser.add_argument("--starts", type=int, help="kernels started per kind (default 4; quick 2)")
-    parser.add_argument("--arrays", type=int, help="100 MB array cells per kind (default 3; quick 1)")
+    parser.add_argument("--arrays", type=int, help="100 MB array cells per kind (default 5; quick 1)")
     parser.add_argument("--no-stock", action="store_true", help="skip the stock Enterprise Gateway baseline")
     parser.add_argument(
         "--start-gap",
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cells = args.cells or (60 if args.quick else 200)
     starts = args.starts or (2 if args.quick else 4)
-    arrays = args.arrays or (1 if args.quick else 3)
+    arrays = args.arrays or (1 if args.quick else 5)
     warmup = 10 if args.quick else 30
     console = Console(width=150)
 

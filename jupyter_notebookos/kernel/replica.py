@@ -112,7 +112,10 @@ class ReplicaKernel(IPythonKernel):
         assert self.shell is not None
         # The shell's own transformer manager (built once): a new one per cell costs about a millisecond.
         self.tracker = StateTracker(
-            self.shell.user_ns, hidden=self.shell.user_ns_hidden, transform=self.shell.transform_cell
+            self.shell.user_ns,
+            hidden=self.shell.user_ns_hidden,
+            transform=self.shell.transform_cell,
+            defer_min_bytes=settings.buffer_threshold,  # what records send out of band, uploaded after settle
         )
         self.applied = FIRST_SEQ - 1
         self._records: dict[int, LogRecord] = {}
@@ -323,10 +326,17 @@ class ReplicaKernel(IPythonKernel):
         The namespace already holds the cell's effects, so the record counts as applied here at once (the
         publication transaction reports it to etcd); the next cell waits only for the upload.
         """
-        statelog, agent = self.statelog, self.agent
+        statelog, agent, tracker = self.statelog, self.agent, self.tracker
         uploaded: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.applied = max(self.applied, directive.seq)
         self._last_fence = directive.fence
+
+        def settle() -> None:
+            try:
+                tracker.settle()
+            except Exception:  # e.g. a buffer that went away: the next cell fingerprints everything again
+                log.exception("finishing the state fingerprints failed")
+                tracker.reset()
 
         async def publish() -> PublishOutcome:
             started = time.perf_counter()
@@ -337,6 +347,8 @@ class ReplicaKernel(IPythonKernel):
             else:
                 try:
                     loop = asyncio.get_running_loop()
+                    # The checksums capture left for after the reply (new values), then the upload.
+                    await loop.run_in_executor(None, settle)
                     record = await loop.run_in_executor(None, statelog.finish, pending, directive.seq, msg_id)
                 finally:
                     uploaded.set_result(None)

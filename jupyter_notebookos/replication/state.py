@@ -25,7 +25,11 @@ next cell's baseline (so changes made between cells, by a background thread or a
 in the next delta). Immutable atoms (numbers, str, bytes, None) and modules cost an ``id()``; a numpy array
 costs one CRC-32 pass over its memory (about 25 ms per 100 MB per core here, in parallel over up to 4
 cores); everything else costs one pickling. ``before_cell`` only parses the cell, except the first time (or
-after :meth:`StateTracker.reset`), when it takes the baseline.
+after :meth:`StateTracker.reset`), when it takes the baseline. A name that is new or bound to another object
+is in the delta whatever its content, so the checksums of its large buffers (those the record sends out of
+band, ``defer_min_bytes``) are left for :meth:`StateTracker.settle`, which the replica calls after the reply
+and before it uploads them: a cell that creates a large array does not wait for a pass over it before its
+reply.
 
 Limits (documented, not silently wrong where we can help it):
 
@@ -263,10 +267,25 @@ class Fingerprint:
     type: type
     digest: bytes | None
     error: str | None = None
+    # Checksums left for later (see fingerprint(defer_buffers=True)): the buffers and the pickle stream.
+    pending: tuple[tuple[memoryview, ...], bytes] | None = field(default=None, compare=False)
 
     def same_as(self, other: Fingerprint) -> bool:
         """Whether the value is unchanged (same object, same type, same content)."""
+        if self.pending is not None or other.pending is not None:
+            raise ValueError("compare settled fingerprints only")
         return (self.oid, self.type, self.digest) == (other.oid, other.type, other.digest)
+
+    def settled(self) -> Fingerprint:
+        """This fingerprint with the checksums it left for later done (itself if none were left)."""
+        if self.pending is None:
+            return self
+        views, data = self.pending
+        digest = hashlib.blake2b(digest_size=16)
+        for view in views:
+            digest.update(buffer_checksum(view))
+        digest.update(data)
+        return Fingerprint(self.oid, self.type, digest.digest(), self.error)
 
 
 def _shareable(obj: Any, namespace: Mapping[str, Any]) -> bool:
@@ -290,11 +309,15 @@ def fingerprint(
     namespace: Mapping[str, Any],
     shared_ids: list[int] | None = None,
     keep: list[Any] | None = None,
+    *,
+    defer_buffers: int | None = None,
 ) -> Fingerprint:
     """Fingerprint ``value``; append the ids of the mutable objects it reaches to ``shared_ids``.
 
     ``keep`` receives the pickler's memo, which must stay alive while ids of several values are compared
     (temporaries made while pickling one value could otherwise reuse ids seen in another).
+    ``defer_buffers`` leaves the checksums of buffers of at least that many bytes for
+    :meth:`Fingerprint.settled` (the digest is then the same as without it, once settled).
     """
     t = type(value)
     if t in _ATOMIC_TYPES or isinstance(value, types.ModuleType):
@@ -302,12 +325,17 @@ def fingerprint(
     if value is namespace:
         return Fingerprint(id(value), t, b"namespace")
     digest = hashlib.blake2b(digest_size=16)
+    deferred: list[memoryview] = []
 
     def on_buffer(buf: Any) -> bool:
         try:
-            digest.update(buffer_checksum(buf.raw()))
+            raw = buf.raw()
         except BufferError:
             return True
+        if defer_buffers is not None and raw.nbytes >= defer_buffers:
+            deferred.append(raw)
+        else:
+            digest.update(buffer_checksum(raw))
         return False
 
     stream = io.BytesIO()
@@ -319,12 +347,14 @@ def fingerprint(
             shared_ids.append(id(value))
         reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         return Fingerprint(id(value), t, None, error=reason.rstrip(": "))
-    digest.update(stream.getbuffer())
     if shared_ids is not None:
         memo = pickler.memo.copy()
         shared_ids.extend(k for k, (_, obj) in memo.items() if _shareable(obj, namespace))
         if keep is not None:
             keep.append(memo)
+    if deferred:
+        return Fingerprint(id(value), t, None, pending=(tuple(deferred), stream.getvalue()))
+    digest.update(stream.getbuffer())
     return Fingerprint(id(value), t, digest.digest())
 
 
@@ -386,8 +416,10 @@ class StateTracker:
         *,
         hidden: Mapping[str, Any] | None = None,
         transform: Callable[[str], str] | None = None,
+        defer_min_bytes: int | None = None,
     ):
         self.user_ns = user_ns
+        self.defer_min_bytes = defer_min_bytes
         self.hidden = hidden
         self.transform = transform or _ipython_transform
         self._baseline: dict[str, Fingerprint] | None = None
@@ -420,10 +452,13 @@ class StateTracker:
             self._baseline = self._scan(with_groups=False).prints
 
     def after_cell(self) -> StateDelta:
-        """The cell's delta; its fingerprints become the baseline of the next cell."""
+        """The cell's delta; its fingerprints become the baseline of the next cell.
+
+        The checksums of values that are new or bound to another object are left for :meth:`settle`."""
         started = time.perf_counter()
+        self.settle()
         baseline = self._baseline if self._baseline is not None else {}
-        scan = self._scan(with_groups=True)
+        scan = self._scan(with_groups=True, baseline=baseline)
         why: dict[str, str] = {}
         for name, now in scan.prints.items():
             before = baseline.get(name)
@@ -464,6 +499,21 @@ class StateTracker:
             warnings=warnings,
         )
 
+    def settle(self) -> None:
+        """Do the checksums the last :meth:`after_cell` left for later.
+
+        Only buffers the record sends out of band are left (``defer_min_bytes`` must be the record's
+        threshold): those are read for the upload after this, so a change made to one between the reply and
+        this call (by a background thread) is in both the upload and the baseline, and one made later is in
+        neither and shows in the next delta. Not thread-safe with the other methods: the replica calls it
+        between cells, while nothing else touches the tracker; :meth:`after_cell` calls it first anyway."""
+        baseline = self._baseline
+        if baseline is None:
+            return
+        for name, print_ in list(baseline.items()):
+            if print_.pending is not None:
+                baseline[name] = print_.settled()
+
     def refresh(self, names: Iterable[str]) -> None:
         """Re-fingerprint ``names`` into the baseline (after a record changed them from outside a cell)."""
         if self._baseline is None:
@@ -486,7 +536,7 @@ class StateTracker:
         """Forget the baseline: the next :meth:`before_cell` fingerprints the whole namespace again."""
         self._baseline = None
 
-    def _scan(self, *, with_groups: bool) -> _Scan:
+    def _scan(self, *, with_groups: bool, baseline: Mapping[str, Fingerprint] | None = None) -> _Scan:
         prints: dict[str, Fingerprint] = {}
         owner: dict[int, str] = {}
         parent: dict[str, str] = {}
@@ -501,11 +551,15 @@ class StateTracker:
         for name in self.user_names():
             value = self.user_ns[name]
             ids: list[int] | None = [] if with_groups else None
-            prints[name] = fingerprint(value, self.user_ns, ids, keep)
+            # New, or bound to another object: in the delta whatever its content (see settle()).
+            before = baseline.get(name, None) if baseline is not None else None
+            fresh = baseline is not None and (before is None or (before.oid, before.type) != (id(value), type(value)))
+            defer = self.defer_min_bytes if fresh else None
+            prints[name] = fingerprint(value, self.user_ns, ids, keep, defer_buffers=defer)
             if ids is None:
                 continue
             parent[name] = name
-            if prints[name].digest is None and prints[name].error is None:
+            if prints[name].digest is None and prints[name].error is None and prints[name].pending is None:
                 continue  # immutable atom or module: never shared state
             for oid in ids or [id(value)]:
                 other = owner.setdefault(oid, name)

@@ -29,7 +29,9 @@ class Executor:
         self.ns = shell.user_ns
         self.store = store
         self.threshold = threshold
-        self.tracker = StateTracker(shell.user_ns, hidden=shell.user_ns_hidden, transform=shell.transform_cell)
+        self.tracker = StateTracker(
+            shell.user_ns, hidden=shell.user_ns_hidden, transform=shell.transform_cell, defer_min_bytes=threshold
+        )
         self.records: list[bytes] = []
         self.deltas: list[StateDelta] = []
         self.encoded: list[StateRecord] = []

@@ -98,6 +98,21 @@ def test_between_cell_changes_are_caught_by_the_next_delta(executor):
     assert "lst" in executor.run("pass").values
 
 
+def test_a_new_large_array_is_checksummed_after_the_reply_and_later_changes_are_still_seen(executor):
+    delta = executor.run("import numpy as np\nbig = np.zeros(2 ** 20)\nsmall = np.zeros(100)")
+    assert set(delta.values) == {"np", "big", "small"}
+    # The 8 MiB array goes out of band: no pass over its memory before the reply; the small one is done.
+    assert executor.tracker._baseline["big"].pending is not None
+    assert executor.tracker._baseline["small"].pending is None
+    executor.tracker.settle()  # the replica does this after the reply, before it uploads the buffer
+    assert executor.tracker._baseline["big"].pending is None
+    assert "big" not in executor.run("pass").values  # unchanged: same checksum as a full fingerprint
+    executor.ns["big"][7] = 1.0  # in-place changes between cells
+    executor.ns["small"][7] = 1.0
+    delta = executor.run("pass")
+    assert delta.why["big"] == delta.why["small"] == "mutated"
+
+
 # -- the rule, as a property ------------------------------------------------------------------------------
 
 NAMES = ["v0", "v1", "v2", "v3"]
