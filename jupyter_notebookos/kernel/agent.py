@@ -326,8 +326,8 @@ class ReplicaAgent:
             self._refusal(r, executor_key, executor_items, fence, i.items)
             for r, i in zip(records, result.results[1:], strict=True)
         ]
-        if len(records) > 1 and any(not o.written for o in outcomes) and any(o.written for o in outcomes):
-            # Some of a batch were written by an earlier attempt: write the others on their own.
+        if len(records) > 1:
+            # Something in the batch did not hold: each record not written yet goes on its own (and says why).
             return [
                 o if o.written else (await self._publish([r], fence))[0] for r, o in zip(records, outcomes, strict=True)
             ]
@@ -350,8 +350,6 @@ class ReplicaAgent:
         if not executor_items:
             return PublishOutcome(record.seq, False, f"no executor is elected ({executor_key} is absent)")
         current = executor_items[0]
-        if current.create_revision == fence:
-            return PublishOutcome(record.seq, False, "another record of the same batch was refused")
         return PublishOutcome(
             record.seq,
             False,

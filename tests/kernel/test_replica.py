@@ -144,6 +144,12 @@ def test_records_of_cells_that_bind_nothing_go_out_together(replicas: ReplicaFac
     assert revision[2] == revision[3] == revision[4] == revision[5] != revision[1]
     assert revision[6] > revision[5]
     assert r1.execute("print(x)").stdout == "2\n"
+    # A held record under a stale fence is refused like any other, after its wait.
+    assert r0.execute("pass", CellDirective(seq=7, fence=fence + 1000)).status == "ok"
+    deadline = time.monotonic() + 5
+    while "log record 7 was NOT written" not in r0.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "no longer the executor" in r0.log() and log_keys(replicas) == [1, 2, 3, 4, 5, 6]
 
 
 def test_follower_applies_log_and_executor_can_swap(replicas: ReplicaFactory) -> None:
