@@ -24,7 +24,9 @@ def wait_for_assignment() -> bool:
     """
     # ipykernel, IPython, grpc, numpy..., and what IPKernelApp.initialize imports later: its debugger support
     # alone pulls in debugpy and pdb (about 100 ms of a replica's start, more when several replicas start at
-    # once on a small machine).
+    # once on a small machine). (pydevd would warn about frozen modules at import, once per pool process, in the
+    # pool's log; the kernelspec disables the debugger.)
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     import pydoc  # noqa: F401
     import sqlite3  # noqa: F401
 
