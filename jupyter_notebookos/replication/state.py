@@ -267,7 +267,7 @@ class Fingerprint:
     type: type
     digest: bytes | None
     error: str | None = None
-    # Checksums left for later (see fingerprint(defer_buffers=True)): the buffers and the pickle stream.
+    # Checksums left for later (see fingerprint(defer_buffers=...)): the buffers and the pickle stream.
     pending: tuple[tuple[memoryview, ...], bytes] | None = field(default=None, compare=False)
 
     def same_as(self, other: Fingerprint) -> bool:
@@ -504,9 +504,10 @@ class StateTracker:
 
         Only buffers the record sends out of band are left (``defer_min_bytes`` must be the record's
         threshold): those are read for the upload after this, so a change made to one between the reply and
-        this call (by a background thread) is in both the upload and the baseline, and one made later is in
-        neither and shows in the next delta. Not thread-safe with the other methods: the replica calls it
-        between cells, while nothing else touches the tracker; :meth:`after_cell` calls it first anyway."""
+        this call (by a background thread) is in both the upload and the baseline, and one made after it is
+        not in the baseline, so the next delta sends the value again. Not thread-safe with the other methods:
+        the replica calls it between cells, while nothing else touches the tracker; :meth:`after_cell` calls
+        it first anyway."""
         baseline = self._baseline
         if baseline is None:
             return
