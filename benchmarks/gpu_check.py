@@ -214,7 +214,7 @@ def check_memory(client: GatewayClient, nvml: Nvml, workdir: Path) -> list[tuple
             # CUDA is initialised first, so the context's own memory is part of the baseline.
             meta, _ = _execute(conn, "import torch\ntorch.zeros(1, device='cuda')\ntorch.cuda.synchronize()")
             replica = meta["replica"]
-            info = client.request("GET", f"/api/notebookos/kernels/{kernel_id}")
+            info = client.notebookos_kernel(kernel_id)
             pid = next(int(r["pid"]) for r in info["replicas"] if r["replica_id"] == replica)
             before = nvml.used(pid)
             started, flag = workdir / "mem-started", workdir / "mem-release"

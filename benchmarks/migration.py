@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -15,20 +16,20 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from jupyter_notebookos.client import GatewayClient
-from jupyter_notebookos.embedded.runner import PlatformProcess
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from jupyter_notebookos.client import GatewayClient  # noqa: E402
+from jupyter_notebookos.embedded.runner import PlatformProcess  # noqa: E402
+from tests.support import gpus_held_on  # noqa: E402
 
 KERNEL = "python3-notebookos"
-
-
-def kernel_info(client: GatewayClient, kernel_id: str) -> dict:
-    return dict(client.request("GET", f"/api/notebookos/kernels/{kernel_id}"))
 
 
 def wait_applied(client: GatewayClient, kernel_id: str, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        replicas = kernel_info(client, kernel_id)["replicas"]
+        replicas = client.notebookos_kernel(kernel_id)["replicas"]
         if len({r["applied_seq"] for r in replicas}) == 1:
             return
         time.sleep(0.1)
@@ -36,7 +37,7 @@ def wait_applied(client: GatewayClient, kernel_id: str, timeout: float = 120.0) 
 
 
 def migrate_once(client: GatewayClient, kernel_id: str) -> float:
-    info = kernel_info(client, kernel_id)
+    info = client.notebookos_kernel(kernel_id)
     used = {r["host"] for r in info["replicas"]}
     free = next(h["name"] for h in client.request("GET", "/api/notebookos/cluster")["hosts"] if h["name"] not in used)
     replica = info["replicas"][0]["replica_id"]
@@ -60,40 +61,16 @@ def migration_times(client: GatewayClient, megabytes: int, repeats: int) -> list
 def cell_wait_with_migration(client: GatewayClient) -> tuple[float, float]:
     """(queued_ms of a cell that needed a migration, queued_ms of the next, sticky, cell)."""
     kernel_id = client.start_kernel(KERNEL)
-    others: list[str] = []
-    conns = []
     try:
         with client.connect(kernel_id) as conn:
             conn.execute("x = 1")
-            hosts = {r["host"] for r in kernel_info(client, kernel_id)["replicas"]}
-            placements: dict[str, dict[str, str]] = {}
-            for host in sorted(hosts):
-                blocker = next((b for b, where in placements.items() if host in where and b not in others), None)
-                while blocker is None:
-                    started = client.start_kernel(KERNEL)
-                    placements[started] = {r["host"]: r["replica_id"] for r in kernel_info(client, started)["replicas"]}
-                    blocker = started if host in placements[started] else None
-                others.append(blocker)
-                busy = client.connect(blocker)
-                conns.append(busy)
-                busy.send(
-                    "shell",
-                    "execute_request",
-                    {"code": "import time\ntime.sleep(60)", "silent": False},
-                    metadata={"notebookos": {"replica": placements[blocker][host]}},
-                )
-            while not hosts <= {
-                h["name"] for h in client.request("GET", "/api/notebookos/cluster")["hosts"] if h["gpus_committed"]
-            }:
-                time.sleep(0.1)
-            moved = conn.execute("x += 1", timeout=120).notebookos["queued_ms"]
-            sticky = conn.execute("x += 1", timeout=120).notebookos["queued_ms"]
+            hosts = {r["host"] for r in client.notebookos_kernel(kernel_id)["replicas"]}
+            with gpus_held_on(client, hosts, KERNEL, 60):
+                moved = conn.execute("x += 1", timeout=120).notebookos["queued_ms"]
+                sticky = conn.execute("x += 1", timeout=120).notebookos["queued_ms"]
             return moved, sticky
     finally:
-        for c in conns:
-            c.close()
-        for kid in {kernel_id, *others, *placements}:
-            client.shutdown_kernel(kid)
+        client.shutdown_kernel(kernel_id)
 
 
 def main() -> None:

@@ -150,7 +150,7 @@ def wait_applied(client: GatewayClient, kernel_id: str, seq: int, timeout: float
     """Seconds until every replica of the kernel reports ``applied_seq >= seq`` (polled every 5 ms)."""
     began = time.perf_counter()
     while time.perf_counter() - began < timeout:
-        info = client.request("GET", f"/api/notebookos/kernels/{kernel_id}")
+        info = client.notebookos_kernel(kernel_id)
         replicas = info["replicas"]
         if len(replicas) >= 3 and all(r["applied_seq"] >= seq for r in replicas):
             return time.perf_counter() - began

@@ -92,6 +92,10 @@ class GatewayClient:
     def interrupt_kernel(self, kernel_id: str) -> None:
         self.request("POST", f"/api/kernels/{kernel_id}/interrupt")
 
+    def notebookos_kernel(self, kernel_id: str) -> dict[str, Any]:
+        """``GET /api/notebookos/kernels/{id}``: the kernel's replicas, executor and GPU accounting."""
+        return dict(self.request("GET", f"/api/notebookos/kernels/{kernel_id}"))
+
     def connect(self, kernel_id: str, session_id: str | None = None) -> KernelConnection:
         """Open the kernel's channels websocket."""
         return KernelConnection(self, kernel_id, session_id or uuid.uuid4().hex)

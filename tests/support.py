@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
 from jupyter_notebookos.embedded.runner import NOTEBOOKOS, PlatformProcess, free_port, processes_of
 
 REPO = Path(__file__).resolve().parent.parent
@@ -18,6 +20,7 @@ __all__ = [
     "REPO",
     "Platform",
     "free_port",
+    "gpus_held_on",
     "processes_of",
     "start_platform",
     "stop_platform",
@@ -49,3 +52,45 @@ def start_platform(state_dir: Path, *args: str, timeout: float = 90.0) -> Platfo
 
 def stop_platform(platform: Platform, timeout: float = 60.0) -> None:
     platform.stop(timeout)
+
+
+@contextlib.contextmanager
+def gpus_held_on(client: GatewayClient, hosts: set[str], kernel_name: str, seconds: float) -> Iterator[None]:
+    """Hold the GPU of each of ``hosts`` (one-GPU hosts) with a ``seconds``-long cell of another kernel.
+
+    Starts kernels until every host has a replica of one of them, pins a sleeping cell to that replica, and
+    waits until the scheduler counts every host's GPU as committed. On exit the kernels it started stop.
+    """
+    started: list[str] = []
+    conns: list[KernelConnection] = []
+    try:
+        placements: dict[str, dict[str, str]] = {}  # kernel -> host -> replica id
+        used: set[str] = set()
+        for host in sorted(hosts):
+            blocker = next((k for k, where in placements.items() if host in where and k not in used), None)
+            while blocker is None:
+                kernel_id = client.start_kernel(kernel_name)
+                started.append(kernel_id)
+                replicas = client.notebookos_kernel(kernel_id)["replicas"]
+                placements[kernel_id] = {r["host"]: r["replica_id"] for r in replicas}
+                blocker = kernel_id if host in placements[kernel_id] else None
+            used.add(blocker)
+            conns.append(client.connect(blocker))
+            conns[-1].send(
+                "shell",
+                "execute_request",
+                {"code": f"import time\ntime.sleep({seconds})", "silent": False},
+                metadata={"notebookos": {"replica": placements[blocker][host]}},
+            )
+
+        def committed() -> set[str]:
+            return {h["name"] for h in client.request("GET", "/api/notebookos/cluster")["hosts"] if h["gpus_committed"]}
+
+        wait_for(lambda: hosts <= committed(), 30, f"kernels to hold the GPUs of {sorted(hosts)}", interval=0.1)
+        yield
+    finally:
+        for conn in conns:
+            conn.close()
+        for kernel_id in started:
+            with contextlib.suppress(GatewayError):
+                client.shutdown_kernel(kernel_id)

@@ -69,7 +69,7 @@ def test_demand_adds_hosts_and_idle_hosts_are_drained_then_removed(autoscaled: P
             assert result.result_text() == "[0, 1, 2, 3, 4, 5]"
             names = {h["name"] for h in cluster(client)["hosts"]}
             for kid in (kernel_id, other):
-                info = client.request("GET", f"/api/notebookos/kernels/{kid}")
+                info = client.notebookos_kernel(kid)
                 assert {r["host"] for r in info["replicas"]} <= names and len(info["replicas"]) == 3
         metrics = client.http.get(autoscaled.url + "/metrics", timeout=10).text
         for direction in ("out", "in"):

@@ -42,7 +42,7 @@ class Kernel:
     seen: list[dict[str, Any]] = field(default_factory=list)
 
     def info(self) -> dict[str, Any]:
-        return dict(self.client.request("GET", f"/api/notebookos/kernels/{self.kernel_id}"))
+        return self.client.notebookos_kernel(self.kernel_id)
 
     def hosts(self) -> dict[str, str]:
         """Host -> replica id of the ready replicas."""

@@ -7,9 +7,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from support import Platform, start_platform, stop_platform
+from support import Platform, gpus_held_on, start_platform, stop_platform
 
-from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
+from jupyter_notebookos.client import GatewayError
 
 KERNEL = "python3-notebookos"
 
@@ -24,17 +24,13 @@ def one_gpu_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform
         stop_platform(platform)
 
 
-def kernel_info(client: GatewayClient, kernel_id: str) -> dict:
-    return dict(client.request("GET", f"/api/notebookos/kernels/{kernel_id}"))
-
-
 def test_rest_migration_moves_a_replica_and_the_kernel_keeps_working(one_gpu_hosts: Platform) -> None:
     client = one_gpu_hosts.client
     kernel_id = client.start_kernel(KERNEL)
     try:
         with client.connect(kernel_id) as conn:
             conn.execute("import numpy as np\nweights = np.arange(200_000)\nnotes = ['a']")
-            info = kernel_info(client, kernel_id)
+            info = client.notebookos_kernel(kernel_id)
             hosts = {r["host"] for r in info["replicas"]}
             free = next(
                 h["name"] for h in client.request("GET", "/api/notebookos/cluster")["hosts"] if h["name"] not in hosts
@@ -46,7 +42,7 @@ def test_rest_migration_moves_a_replica_and_the_kernel_keeps_working(one_gpu_hos
                 json={"host": free},
             )
             assert result["from"] == moving["host"] and result["to"] == free
-            after = kernel_info(client, kernel_id)
+            after = client.notebookos_kernel(kernel_id)
             assert sorted(r["host"] for r in after["replicas"]) == sorted((hosts - {moving["host"]}) | {free})
             assert moving["pid"] not in {r["pid"] for r in after["replicas"]}
             # The moved replica has the state; run on it explicitly.
@@ -94,61 +90,30 @@ def migration_seconds(metrics: str) -> float:
 def test_a_cell_whose_replica_hosts_are_busy_migrates_and_runs(one_gpu_hosts: Platform) -> None:
     client = one_gpu_hosts.client
     kernel_id = client.start_kernel(KERNEL)
-    blockers: list[str] = []
-    placements: dict[str, dict[str, str]] = {}
-    conns: list[KernelConnection] = []
     try:
         with client.connect(kernel_id) as conn:
             conn.execute("state = {'x': 1}")
-            hosts = {r["host"] for r in kernel_info(client, kernel_id)["replicas"]}
-            # Occupy the GPU of each of the kernel's hosts with a long cell of another kernel.
-            # placements: blocker kernel -> host -> replica id
-            for host in sorted(hosts):
-                blocker = next((b for b, where in placements.items() if host in where and b not in blockers), None)
-                while blocker is None:
-                    started = client.start_kernel(KERNEL)
-                    placements[started] = {r["host"]: r["replica_id"] for r in kernel_info(client, started)["replicas"]}
-                    blocker = started if host in placements[started] else None
-                blockers.append(blocker)
-                busy = client.connect(blocker)
-                conns.append(busy)
-                busy.send(
-                    "shell",
-                    "execute_request",
-                    {"code": "import time\ntime.sleep(40)", "silent": False},
-                    metadata={"notebookos": {"replica": placements[blocker][host]}},
-                )
-
-            def committed() -> set[str]:
-                return {
-                    h["name"] for h in client.request("GET", "/api/notebookos/cluster")["hosts"] if h["gpus_committed"]
-                }
-
-            deadline = time.monotonic() + 30
-            while not hosts <= committed():
-                assert time.monotonic() < deadline, f"blockers did not occupy {hosts}: {committed()}"
-                time.sleep(0.2)
-            moved_before = migration_seconds(client.http.get(one_gpu_hosts.url + "/metrics", timeout=10).text)
-            began = time.monotonic()
-            result = conn.execute("state['x'] += 1\nstate", timeout=90)
-            assert result.status == "ok", result.reply["content"]
-            assert result.result_text() == "{'x': 2}"
-            meta = result.notebookos
-            assert meta["host"] not in hosts  # it ran on the fourth host, after a migration
-            assert meta["queued_ms"] <= (time.monotonic() - began) * 1000 + 50
-            info = kernel_info(client, kernel_id)
-            assert meta["host"] in {r["host"] for r in info["replicas"]} and len(info["replicas"]) == 3
-            metrics = client.http.get(one_gpu_hosts.url + "/metrics", timeout=10).text
-            assert 'notebookos_migrations_total{outcome="ok",reason="cell"} 1.0' in metrics
-            # The move is part of the interactivity delay: the cell waited at least as long as it took.
-            moved_s = migration_seconds(metrics) - moved_before
-            assert moved_s > 0 and meta["queued_ms"] >= moved_s * 1000, (meta, moved_s)
+            hosts = {r["host"] for r in client.notebookos_kernel(kernel_id)["replicas"]}
+            # The GPU of each of the kernel's hosts is held by a long cell of another kernel.
+            with gpus_held_on(client, hosts, KERNEL, 40):
+                moved_before = migration_seconds(client.http.get(one_gpu_hosts.url + "/metrics", timeout=10).text)
+                began = time.monotonic()
+                result = conn.execute("state['x'] += 1\nstate", timeout=90)
+                assert result.status == "ok", result.reply["content"]
+                assert result.result_text() == "{'x': 2}"
+                meta = result.notebookos
+                assert meta["host"] not in hosts  # it ran on the fourth host, after a migration
+                assert meta["queued_ms"] <= (time.monotonic() - began) * 1000 + 50
+                info = client.notebookos_kernel(kernel_id)
+                assert meta["host"] in {r["host"] for r in info["replicas"]} and len(info["replicas"]) == 3
+                metrics = client.http.get(one_gpu_hosts.url + "/metrics", timeout=10).text
+                assert 'notebookos_migrations_total{outcome="ok",reason="cell"} 1.0' in metrics
+                # The move is part of the interactivity delay: the cell waited at least as long as it took.
+                moved_s = migration_seconds(metrics) - moved_before
+                assert moved_s > 0 and meta["queued_ms"] >= moved_s * 1000, (meta, moved_s)
     finally:
-        for c in conns:
-            c.close()
-        for kid in {kernel_id, *blockers, *placements}:
-            with contextlib.suppress(GatewayError):
-                client.shutdown_kernel(kid)
+        with contextlib.suppress(GatewayError):
+            client.shutdown_kernel(kernel_id)
 
 
 def test_a_target_killed_during_migration_leaves_the_old_replica_serving(one_gpu_hosts: Platform) -> None:
@@ -161,7 +126,7 @@ def test_a_target_killed_during_migration_leaves_the_old_replica_serving(one_gpu
     try:
         with client.connect(kernel_id) as conn:
             conn.execute("survivor = 'still here'")
-            info = kernel_info(client, kernel_id)
+            info = client.notebookos_kernel(kernel_id)
             before = {r["replica_id"]: r for r in info["replicas"]}
             moving = info["replicas"][0]
             outcome: dict[str, object] = {}
@@ -182,7 +147,7 @@ def test_a_target_killed_during_migration_leaves_the_old_replica_serving(one_gpu
                 newcomer = next(
                     (
                         r
-                        for r in kernel_info(client, kernel_id)["replicas"]
+                        for r in client.notebookos_kernel(kernel_id)["replicas"]
                         if r["replica_id"] not in before and r["pid"]
                     ),
                     None,
@@ -193,7 +158,7 @@ def test_a_target_killed_during_migration_leaves_the_old_replica_serving(one_gpu
             thread.join(90)
             assert "error" in outcome, outcome
             assert "HTTP 500" in str(outcome["error"]) and "keeps serving" in str(outcome["error"])
-            after = kernel_info(client, kernel_id)
+            after = client.notebookos_kernel(kernel_id)
             assert {r["replica_id"] for r in after["replicas"]} == set(before)
             assert conn.execute("survivor").result_text() == "'still here'"
             metrics = client.http.get(one_gpu_hosts.url + "/metrics", timeout=10).text

@@ -21,12 +21,8 @@ from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnect
 KERNEL = "python3-notebookos"
 
 
-def kernel_info(client: GatewayClient, kernel_id: str) -> dict:
-    return dict(client.request("GET", f"/api/notebookos/kernels/{kernel_id}"))
-
-
 def ready_replicas(client: GatewayClient, kernel_id: str) -> list[dict]:
-    return [r for r in kernel_info(client, kernel_id)["replicas"] if r["state"] == "ready"]
+    return [r for r in client.notebookos_kernel(kernel_id)["replicas"] if r["state"] == "ready"]
 
 
 @pytest.fixture
@@ -42,7 +38,7 @@ def kernel(shared_up: Platform) -> Iterator[tuple[GatewayClient, str]]:
 
 def test_three_replicas_on_distinct_hosts_and_every_output_exactly_once(kernel: tuple[GatewayClient, str]) -> None:
     client, kernel_id = kernel
-    info = kernel_info(client, kernel_id)
+    info = client.notebookos_kernel(kernel_id)
     hosts = [r["host"] for r in info["replicas"]]
     assert len(hosts) == 3 and len(set(hosts)) == 3
     assert all(r["state"] == "ready" and r["pid"] for r in info["replicas"])
@@ -138,7 +134,7 @@ def test_killing_an_idle_follower_is_invisible(kernel: tuple[GatewayClient, str]
     client, kernel_id = kernel
     with client.connect(kernel_id) as conn:
         conn.execute("state = {'n': 1}")
-        info = kernel_info(client, kernel_id)
+        info = client.notebookos_kernel(kernel_id)
         follower = next(r for r in info["replicas"] if r["replica_id"] != info["executor"])
         _kill(follower["pid"])
         result = conn.execute("state['n'] += 1\nstate['n']")
@@ -162,7 +158,7 @@ def test_killing_the_idle_executor_moves_the_next_cell_with_state_intact(kernel:
 
 
 def _all_applied(client: GatewayClient, kernel_id: str, seq: int) -> dict | None:
-    info = kernel_info(client, kernel_id)
+    info = client.notebookos_kernel(kernel_id)
     return info if all(r["applied_seq"] >= seq for r in info["replicas"]) else None
 
 
@@ -180,7 +176,7 @@ def test_killing_the_executor_mid_cell_errors_that_cell_only(kernel: tuple[Gatew
             },
         )
         wait_for(marker.exists, 20, "the long cell to start")
-        info = kernel_info(client, kernel_id)
+        info = client.notebookos_kernel(kernel_id)
         executor = next(r for r in info["replicas"] if r["replica_id"] == info["executor"])
         _kill(executor["pid"])
         reply = conn.reply(msg_id, 30)
@@ -379,7 +375,7 @@ def test_replicas_namespaces_equal_the_executors_while_the_executor_changes(
     kernel: tuple[GatewayClient, str],
 ) -> None:
     client, kernel_id = kernel
-    replicas = sorted(r["replica_id"] for r in kernel_info(client, kernel_id)["replicas"])
+    replicas = sorted(r["replica_id"] for r in client.notebookos_kernel(kernel_id)["replicas"])
     with client.connect(kernel_id) as conn:
 
         def run_on(replica: str, code: str):  # type: ignore[no-untyped-def]
@@ -445,7 +441,7 @@ def test_replicas_start_from_the_warm_pool(shared_up: Platform) -> None:
     waiting = wait_for(lambda: warm_pids() if len(warm_pids()) >= 3 else None, 60, "three warm replica processes")
     kernel_id = shared_up.client.start_kernel(KERNEL)
     try:
-        replicas = {r["pid"] for r in kernel_info(shared_up.client, kernel_id)["replicas"]}
+        replicas = {r["pid"] for r in shared_up.client.notebookos_kernel(kernel_id)["replicas"]}
         assert replicas <= waiting, (replicas, waiting)  # the kernel's replicas are the processes that waited
         wait_for(lambda: len(warm_pids() - replicas) >= 3, 60, "the pool to be refilled")
         with shared_up.client.connect(kernel_id) as conn:
@@ -461,13 +457,13 @@ def test_a_restarted_gateway_reattaches_to_running_kernels(tmp_path: Path) -> No
         kernel_id = client.start_kernel(KERNEL)
         with client.connect(kernel_id) as conn:
             assert conn.execute("kept = {'v': [1, 2, 3]}\nlen(kept['v'])").result_text() == "3"
-        before = {r["replica_id"]: r["pid"] for r in kernel_info(client, kernel_id)["replicas"]}
+        before = {r["replica_id"]: r["pid"] for r in client.notebookos_kernel(kernel_id)["replicas"]}
         gateway = next(p for p in platform.descendants() if "jupyter_notebookos.gateway" in " ".join(p.cmdline()))
         gateway.kill()
         gateway.wait(10)
 
         wait_for(lambda: _gateway_lists(client, kernel_id), 60, "the restarted gateway to list the kernel again")
-        after = {r["replica_id"]: r["pid"] for r in kernel_info(client, kernel_id)["replicas"]}
+        after = {r["replica_id"]: r["pid"] for r in client.notebookos_kernel(kernel_id)["replicas"]}
         assert after == before  # the same replica processes, not new ones
         with client.connect(kernel_id) as conn:
             result = conn.execute("kept['v'].append(4)\nkept", timeout=60)
@@ -501,14 +497,14 @@ def test_a_gateway_stopped_politely_can_leave_kernels_running_for_the_next(tmp_p
         kernel_id = client.start_kernel(KERNEL)
         with client.connect(kernel_id) as conn:
             conn.execute("kept = 'across a rollout'")
-        before = {r["replica_id"]: r["pid"] for r in kernel_info(client, kernel_id)["replicas"]}
+        before = {r["replica_id"]: r["pid"] for r in client.notebookos_kernel(kernel_id)["replicas"]}
         gateway = next(p for p in platform.descendants() if "jupyter_notebookos.gateway" in " ".join(p.cmdline()))
         gateway.terminate()
         gateway.wait(30)
         assert all(_alive(pid) for pid in before.values())
 
         wait_for(lambda: _gateway_lists(client, kernel_id), 60, "the restarted gateway to list the kernel again")
-        assert {r["replica_id"]: r["pid"] for r in kernel_info(client, kernel_id)["replicas"]} == before
+        assert {r["replica_id"]: r["pid"] for r in client.notebookos_kernel(kernel_id)["replicas"]} == before
         with client.connect(kernel_id) as conn:
             assert conn.execute("kept", timeout=60).result_text() == "'across a rollout'"
     finally:
