@@ -24,12 +24,17 @@ async def _take(co: Coordinator, ledger: LedgerReleases, gpu: str, cell: str, *,
     return result.revision
 
 
+async def _taken_and_released(co: Coordinator, ledger: LedgerReleases, gpu: str, cell: str) -> None:
+    """A cell that took ``gpu`` and replied: its entries wait in ``ledger`` to be deleted."""
+    revision = await _take(co, ledger, gpu, cell)
+    ledger.release({gpu: revision, cell: revision})
+
+
 async def test_a_release_rides_with_the_next_decision_which_may_retake_the_same_gpu(coordinator: Coordinator) -> None:
     keys = coordinator.keys
     gpu, first, second = keys.gpu("h1", 0), keys.cell("k1", "m1"), keys.cell("k1", "m2")
     ledger = LedgerReleases(coordinator, delay=60.0)  # no timer: only the next decision can carry it
-    revision = await _take(coordinator, ledger, gpu, first)
-    ledger.release({gpu: revision, first: revision})
+    await _taken_and_released(coordinator, ledger, gpu, first)
     assert await coordinator.get(first) is not None  # deferred, not deleted yet
 
     # The same GPU again, while its release is pending: taken over, not refused as "held".
@@ -43,8 +48,7 @@ async def test_a_release_no_decision_carries_is_written_after_the_delay(coordina
     keys = coordinator.keys
     gpu, cell = keys.gpu("h1", 1), keys.cell("k1", "m1")
     ledger = LedgerReleases(coordinator, delay=0.05)
-    revision = await _take(coordinator, ledger, gpu, cell)
-    ledger.release({gpu: revision, cell: revision})
+    await _taken_and_released(coordinator, ledger, gpu, cell)
     for _ in range(100):
         if await coordinator.get(gpu) is None and await coordinator.get(cell) is None:
             break
@@ -57,8 +61,7 @@ async def test_an_entry_someone_else_wrote_since_is_never_deleted(coordinator: C
     keys = coordinator.keys
     gpu, cell = keys.gpu("h2", 0), keys.cell("k1", "m1")
     ledger = LedgerReleases(coordinator, delay=60.0)
-    revision = await _take(coordinator, ledger, gpu, cell)
-    ledger.release({gpu: revision, cell: revision})
+    await _taken_and_released(coordinator, ledger, gpu, cell)
     await coordinator.put(gpu, "another gateway's entry")  # the key changed behind this gateway's back
     await ledger.flush()
     entry = await coordinator.get(gpu)
@@ -70,8 +73,7 @@ async def test_a_cell_sent_again_rewrites_its_record_instead_of_deleting_it(coor
     keys = coordinator.keys
     gpu, cell = keys.gpu("h3", 0), keys.cell("k1", "m1")
     ledger = LedgerReleases(coordinator, delay=60.0)
-    revision = await _take(coordinator, ledger, gpu, cell)
-    ledger.release({gpu: revision, cell: revision})  # its executor died before it began: released...
+    await _taken_and_released(coordinator, ledger, gpu, cell)  # its executor died before it began: released...
     await _take(coordinator, ledger, gpu, cell)  # ...and the same cell decided again (etcd refuses duplicates)
     assert (await coordinator.get(cell)) is not None and (await coordinator.get(gpu)) is not None
 
@@ -80,8 +82,7 @@ async def test_a_refused_decision_leaves_its_releases_pending(coordinator: Coord
     keys = coordinator.keys
     gpu, cell, busy = keys.gpu("h4", 0), keys.cell("k1", "m1"), keys.gpu("h4", 1)
     ledger = LedgerReleases(coordinator, delay=60.0)
-    revision = await _take(coordinator, ledger, gpu, cell)
-    ledger.release({gpu: revision, cell: revision})
+    await _taken_and_released(coordinator, ledger, gpu, cell)
     await coordinator.put(busy, "held by another kernel")
     claim = ledger.claim([busy])
     result = await coordinator.txn(compare=claim.compares, success=[Op.put(busy, "mine"), *claim.deletes])
@@ -97,8 +98,7 @@ async def test_a_decision_never_deletes_an_entry_someone_else_wrote_since(coordi
     keys = coordinator.keys
     gpu, cell, other = keys.gpu("h5", 0), keys.cell("k1", "m1"), keys.gpu("h5", 1)
     ledger = LedgerReleases(coordinator, delay=60.0)
-    revision = await _take(coordinator, ledger, gpu, cell)
-    ledger.release({gpu: revision, cell: revision})
+    await _taken_and_released(coordinator, ledger, gpu, cell)
     await coordinator.put(gpu, "another gateway's entry")
     claim = ledger.claim([other], writes=[keys.cell("k2", "m1")])
     result = await coordinator.txn(compare=claim.compares, success=[Op.put(other, "mine"), *claim.deletes])
