@@ -33,6 +33,10 @@ class ReplicaSpec:
     host: str
     kernel_name: str
     env: dict[str, str] = field(default_factory=dict)
+    # Credentials of this kernel alone (its etcd user and password, its object-store access): the launcher gives
+    # them to the replica without exposing them more widely than the replica itself (a process's environment on
+    # the local launcher; a per-kernel Secret referenced by the pod on Kubernetes). Never the gateway's own.
+    secret_env: dict[str, str] = field(default_factory=dict)
     # The kernelspec's process_proxy config (image, resources, ...), as Enterprise Gateway passes it.
     config: dict[str, object] = field(default_factory=dict)
 
