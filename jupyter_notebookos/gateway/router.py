@@ -795,7 +795,7 @@ class ReplicaRouter:
             # Cells reach a replica only through the queue, the scheduler and a committed decision: one sent on
             # the control channel would run on some replica with no GPUs, no record and no state delta.
             log.warning(
-                "kernel %s: dropped a %s that arrived on the control channel (there it takes only %s)",
+                "kernel %s: dropped %s that arrived on the control channel (there it takes only %s)",
                 self.kernel_id,
                 msg.msg_type,
                 ", ".join(sorted(CONTROL_REQUESTS)),
