@@ -188,6 +188,10 @@ def test_an_unknown_token_gets_nowhere(users_up: Platform) -> None:
         for scheme in ("token", "Bearer", "bearer"):
             assert status(users_up, "GET", "/api/kernels", ALICE, scheme) == 200
         assert status(users_up, "GET", f"/api/kernelspecs?token={ALICE}", None) == 200
+        assert status(users_up, "GET", f"/api/kernels/{kernel_id}?token={BOB}", None) == 403
+        # Tokens in URLs stay out of the gateway's log.
+        log = (Path(users_up.state_dir) / "gateway.log").read_text()
+        assert "/api/kernels?token=[secret]" in log and ALICE not in log and BOB not in log
     finally:
         admin.shutdown_kernel(kernel_id)
 

@@ -26,6 +26,7 @@ import logging
 import ssl
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
 from enterprise_gateway.mixins import TokenAuthorizationMixin
 from enterprise_gateway.services.kernels.handlers import MainKernelHandler
@@ -57,6 +58,15 @@ def kernel_owner(settings: dict[str, Any], kernel_id: str) -> str | None:
     if record is not None:  # a NotebookOS kernel still starting: EG lists it once its replicas are up
         return str(record.env.get(ENV_KERNEL_OWNER, ""))
     return None
+
+
+def scrub_token(uri: str) -> str:
+    """``uri`` with the value of any ``token`` query parameter replaced, for logs."""
+    path, sep, query = uri.partition("?")
+    if not sep:
+        return uri
+    params = [(k, "[secret]" if k == "token" else v) for k, v in parse_qsl(query, keep_blank_values=True)]
+    return f"{path}?{urlencode(params, safe='[]')}"
 
 
 def stamp_owner(model: Any, identity: Identity) -> Any:
@@ -106,6 +116,10 @@ class IdentifiedHandlerMixin:
         result = parent.prepare()
         if result is not None:
             await result
+
+    def _request_summary(self) -> str:
+        """Tornado's "METHOD URI (IP)" for log lines, without the value of a ``?token=`` (it is a credential)."""
+        return f"{self.request.method} {scrub_token(self.request.uri)} ({self.request.remote_ip})"
 
     async def _identify(self) -> Identity:
         identities: Identities = self.settings["notebookos_identities"]
@@ -224,6 +238,7 @@ __all__ = [
     "OwnedMainKernelHandler",
     "cluster_view",
     "kernel_owner",
+    "scrub_token",
     "stamp_owner",
     "with_identity",
 ]
