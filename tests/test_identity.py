@@ -75,6 +75,21 @@ def ws_status(platform: Platform, kernel_id: str, token: str | None, *, query: b
     return 101
 
 
+def test_every_route_enterprise_gateway_guards_identifies_users() -> None:
+    """An EG upgrade that adds a token-checked route must not leave it on EG's admin-token-only check."""
+    from enterprise_gateway.mixins import TokenAuthorizationMixin
+
+    from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
+    from jupyter_notebookos.gateway.ownership import IdentifiedHandlerMixin
+
+    handlers = NotebookOSGatewayApp()._create_request_handlers()
+    guarded = [(pattern, cls) for pattern, cls, *_ in handlers if issubclass(cls, TokenAuthorizationMixin)]
+    assert len(guarded) >= 10  # kernels, actions, channels, kernelspecs, sessions, /api
+    assert [p for p, cls in guarded if not issubclass(cls, IdentifiedHandlerMixin)] == []
+    ours = [cls for pattern, cls, *_ in handlers if "/api/notebookos/" in pattern or pattern.endswith("/metrics")]
+    assert len(ours) == 4 and all(issubclass(cls, IdentifiedHandlerMixin) for cls in ours)
+
+
 def test_a_users_kernel_is_theirs_alone(users_up: Platform) -> None:
     alice, bob, admin = (GatewayClient(users_up.url, t) for t in (ALICE, BOB, users_up.token))
     # Whatever a client claims in the kernel's environment, the kernel belongs to whoever started it.
