@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import requests
 import websocket
-from support import REPO, Platform, free_port, start_platform, stop_platform, wait_for
+from support import NOTEBOOKOS, REPO, Platform, free_port, start_platform, stop_platform, wait_for
 
 from jupyter_notebookos.client import GatewayClient, GatewayError
 
@@ -125,6 +125,14 @@ def test_a_users_kernel_is_theirs_alone(users_up: Platform) -> None:
         others = [k for k in seen["kernels"] if k["kernel_id"] is None]
         assert len(others) == 1 and others[0]["gpus"] == 1 and len(others[0]["replicas"]) == 3
         assert all(set(r) == {"host", "state"} for r in others[0]["replicas"])
+        shown = subprocess.run(
+            [*NOTEBOOKOS, "status", "--url", users_up.url, "--token", BOB],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
+        assert shown.returncode == 0 and "(another user's)" in shown.stdout and kernel_id not in shown.stdout
 
         # Nothing bob tried touched the kernel: alice's state is there, her own calls work.
         info = alice.notebookos_kernel(kernel_id)
