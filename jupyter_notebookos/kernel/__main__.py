@@ -19,8 +19,9 @@ EXIT_RESTORE_FAILED = 5
 def wait_for_assignment() -> bool:
     """Warm mode (``--warm``): do the expensive imports now, then wait for an assignment on stdin.
 
-    The launcher writes one JSON line ``{"env", "log", "cwd"}``: this process then becomes that replica
-    (its environment replaced, its output sent to the log). False when stdin closed first (pool shut down).
+    The launcher writes one JSON line ``{"env", "log", "cwd", "uid"}``: this process then becomes that replica
+    (its environment replaced, its output sent to the log, running as the kernel's own user when ``uid`` is
+    set). False when stdin closed first (pool shut down).
     """
     # ipykernel, IPython, grpc, numpy..., and what IPKernelApp.initialize imports later: its debugger support
     # alone pulls in debugpy and pdb (about 100 ms of a replica's start, more when several replicas start at
@@ -43,13 +44,19 @@ def wait_for_assignment() -> bool:
     os.environ.update({str(k): str(v) for k, v in assignment["env"].items()})
     if assignment.get("cwd"):
         os.chdir(assignment["cwd"])
-    log = os.open(assignment["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log = os.open(assignment["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
+    uid = assignment.get("uid")
+    if uid is not None:
+        # The kernel's own OS user, for good, before any of the kernel's code runs (the log is already open).
+        os.setgroups([])
+        os.setgid(int(uid))
+        os.setuid(int(uid))
     return True
 
 
