@@ -25,7 +25,7 @@ from jupyter_server.utils import url_path_join
 from tornado import ioloop
 from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default, validate
 
-from jupyter_notebookos.coordination.client import EtcdTls
+from jupyter_notebookos.coordination.client import EtcdCredentials, EtcdTls
 from jupyter_notebookos.gateway.handlers import notebookos_handlers
 from jupyter_notebookos.gateway.platform import GatewayPlatform
 from jupyter_notebookos.launchers.local import LocalLauncher
@@ -120,6 +120,51 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
             return EtcdTls(self.etcd_ca_cert, self.etcd_cert, self.etcd_key, self.etcd_server_name)
         except ValueError as err:
             raise TraitError(f"NotebookOSGatewayApp.etcd_cert / etcd_key: {err}") from None
+
+    etcd_auth = Bool(
+        True,
+        config=True,
+        help="Use etcd's auth: the gateway logs in as etcd's root user (turning auth on at start if it is off) and "
+        "gives each kernel an etcd user that reaches only that kernel's keys. Off: every replica can read and "
+        "write every kernel's keys (a single trusted user only). Env: NOTEBOOKOS_ETCD_AUTH=0 turns it off.",
+    )
+
+    @default("etcd_auth")
+    def _etcd_auth_default(self) -> bool:
+        return os.environ.get("NOTEBOOKOS_ETCD_AUTH", "1").strip().lower() not in ("0", "false", "no", "off")
+
+    etcd_user = Unicode(
+        "root",
+        config=True,
+        help="The gateway's etcd user: etcd's admin, 'root' (etcd enables auth only with that user). "
+        "Env: NOTEBOOKOS_ETCD_USER.",
+    )
+
+    @default("etcd_user")
+    def _etcd_user_default(self) -> str:
+        return os.environ.get(protocol.ENV_ETCD_USER, "").strip() or "root"
+
+    etcd_password = Unicode(
+        config=True,
+        help="The password of etcd_user. Give it in the environment (NOTEBOOKOS_ETCD_PASSWORD) or a config file, "
+        "never on a command line (other users can read those). `notebookos up` generates one.",
+    )
+
+    @default("etcd_password")
+    def _etcd_password_default(self) -> str:
+        return os.environ.get(protocol.ENV_ETCD_PASSWORD, "").strip()
+
+    def etcd_credentials(self) -> EtcdCredentials | None:
+        """The gateway's etcd admin identity, or None with etcd auth off."""
+        if not self.etcd_auth:
+            return None
+        if not self.etcd_password:
+            raise TraitError(
+                "etcd auth is on (NotebookOSGatewayApp.etcd_auth) but no etcd admin password is set: set "
+                "NOTEBOOKOS_ETCD_PASSWORD (the password of etcd's root user; on a fresh etcd the gateway turns auth "
+                "on with it), or NOTEBOOKOS_ETCD_AUTH=0 for a single trusted user"
+            )
+        return EtcdCredentials(self.etcd_user, self.etcd_password)
 
     etcd_prefix = Unicode("/notebookos", config=True, help="Key prefix of everything NotebookOS stores in etcd.")
 
@@ -225,6 +270,7 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
             log=self.log,
         )
         self.platform.etcd_tls = self.etcd_tls()
+        self.platform.etcd_credentials = self.etcd_credentials()
 
     def _init_kubernetes(self, scheduler: Scheduler) -> None:
         """Replica pods, GPU nodes as hosts, placeholder pods for scaling (the helm chart's deployment)."""
@@ -255,6 +301,7 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
             log=self.log,
         )
         self.platform.etcd_tls = self.etcd_tls()
+        self.platform.etcd_credentials = self.etcd_credentials()
         self.node_hosts = NodeHosts(self.platform, inventory, placeholders)
 
     async def start_platform(self) -> None:
