@@ -176,6 +176,8 @@ class CheckpointPointer:
     ref: str  # object-store key of the serialized namespace
     objects: list[str] = field(default_factory=list)
     replica_id: str = ""
+    # Content digest of the serialized namespace: a restore reads exactly ``ref`` and refuses other bytes.
+    digest: str = ""
 
     def to_json(self) -> str:
         return _dumps(self)
