@@ -185,7 +185,9 @@ class StateLog:
         try:
             data = bytes(self.store.fs.cat_file(f"{self.store.root}/{pointer.ref}"))
         except FileNotFoundError as exc:
-            raise BufferMissingError(f"checkpoint {pointer.ref} is missing from the object store {self.store.url}") from exc
+            raise BufferMissingError(
+                f"checkpoint {pointer.ref} is missing from the object store {self.store.url}"
+            ) from exc
         if content_digest(data) != pointer.digest:
             raise BufferCorruptError(
                 f"checkpoint {pointer.ref} in {self.store.url} does not match its digest: it was changed or damaged "
