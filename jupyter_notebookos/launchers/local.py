@@ -54,14 +54,16 @@ def startup_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES) and k != "PYTHONUNBUFFERED"}
 
 
-def unreachable_for_others(path: str) -> str | None:
+def unreachable_for_others(path: str | Path, *, read: bool = True) -> str | None:
     """The first directory on the way to ``path`` that users other than its owner cannot pass (no o+x), or
-    the path itself when they cannot read it; None when any user can reach and read it."""
+    the path itself when they cannot read it (``read``); None when any user can reach (and read) it."""
     real = Path(os.path.realpath(path))
     for parent in reversed(real.parents):
         with contextlib.suppress(OSError):
             if not parent.stat().st_mode & stat.S_IXOTH:
                 return str(parent)
+    if not read:
+        return None
     try:
         mode = real.stat().st_mode
     except OSError:
@@ -144,6 +146,10 @@ class LocalLauncher(Launcher):
                     if blocked is not None:
                         reason = f"{blocked} is not readable by other users (needed by {path})"
                         break
+                state_dir = Path(self.log_dir).resolve().parent
+                blocked = None if reason else unreachable_for_others(state_dir, read=False)
+                if blocked is not None:
+                    reason = f"{blocked} cannot be passed by other users (on the way to the state dir {state_dir})"
             if reason and self.kernel_users == "on":
                 raise LaunchError(
                     f"kernel_users is 'on' but kernels cannot run as their own users: {reason}. Run the gateway "
@@ -184,17 +190,25 @@ class LocalLauncher(Launcher):
         store = urlparse(env.get(ENV_OBJECT_STORE_URL, ""))
         if store.scheme in ("", "file") and store.path:
             dirs.append(Path(store.path))
+        state_dir = Path(self.log_dir).resolve().parent
         for directory in dirs:
             directory.mkdir(parents=True, exist_ok=True)
             os.chown(directory, uid, uid)
             directory.chmod(0o700)
-            # Its parents must let the kernel's user pass (not list): o+x on those this platform made.
-            for parent in directory.parents:
-                if parent == Path(parent.anchor):
+            # Its parents inside the state dir must let the kernel's user pass (not list): o+x.
+            for parent in directory.resolve().parents:
+                if parent != state_dir and state_dir not in parent.parents:
                     break
                 mode = parent.stat().st_mode
-                if not mode & stat.S_IXOTH and parent.stat().st_uid == os.geteuid():
+                if not mode & stat.S_IXOTH:
                     parent.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+            blocked = unreachable_for_others(directory, read=False)
+            if blocked is not None:
+                raise LaunchError(
+                    f"kernel {kernel_id} runs as its own user but cannot reach its directory {directory}: {blocked} "
+                    "has no search permission for other users. Put the object store under the state dir, or allow "
+                    "search (chmod o+x) on that directory."
+                )
 
     def forget_kernel(self, kernel_id: str) -> None:
         """Remove what this launcher kept for a stopped kernel (its home, its uid record, its logs)."""
