@@ -19,9 +19,8 @@ EXIT_RESTORE_FAILED = 5
 def wait_for_assignment() -> bool:
     """Warm mode (``--warm``): do the expensive imports now, then wait for an assignment on stdin.
 
-    The launcher writes one JSON line ``{"env", "log", "cwd", "uid"}``: this process then becomes that replica
-    (its environment replaced, its output sent to the log, running as the kernel's own user when ``uid`` is
-    set). False when stdin closed first (pool shut down).
+    The launcher writes one JSON line ``{"env", "log", "cwd"}``: this process then becomes that replica
+    (its environment replaced, its output sent to the log). False when stdin closed first (pool shut down).
     """
     # ipykernel, IPython, grpc, numpy..., and what IPKernelApp.initialize imports later: its debugger support
     # alone pulls in debugpy and pdb (about 100 ms of a replica's start, more when several replicas start at
@@ -51,19 +50,28 @@ def wait_for_assignment() -> bool:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    uid = assignment.get("uid")
-    if uid is not None:
-        # The kernel's own OS user, for good, before any of the kernel's code runs (the log is already open).
-        os.setgroups([])
-        os.setgid(int(uid))
-        os.setuid(int(uid))
     return True
+
+
+def take_kernel_user() -> None:
+    """Become the kernel's own OS user, for good, before any of the kernel's code runs (when the launcher
+    asks for it: see :mod:`.sandbox`)."""
+    from jupyter_notebookos.kernel.sandbox import ENV_KERNEL_UID, become_kernel_user
+
+    raw = os.environ.get(ENV_KERNEL_UID, "").strip()
+    if raw:
+        become_kernel_user(int(raw))
 
 
 def main() -> int:
     """Run the replica until shutdown; returns the exit status."""
     if "--warm" in sys.argv[1:] and not wait_for_assignment():
         return 0
+    try:
+        take_kernel_user()
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"notebookos replica cannot take its kernel's OS user: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
     from jupyter_notebookos.coordination.errors import CoordinationError
     from jupyter_notebookos.kernel.app import ReplicaApp
     from jupyter_notebookos.kernel.settings import ReplicaConfigError

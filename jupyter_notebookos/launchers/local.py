@@ -14,8 +14,9 @@ replica would have been started with.
 **Kernels run as their own OS users** (``kernel_users``, on by default when the gateway runs as root): every
 replica of a kernel runs under a uid of that kernel alone, allocated here and recorded beside its pid files. Its
 home and, for a ``file://`` object store, its store directory are that uid's, mode 0700. So code in one kernel
-cannot read another kernel's files, environment (its etcd password) or memory, nor the gateway's state dir; a
-warm process takes its kernel's uid when it receives its assignment, before any user code runs.
+cannot read another kernel's files, environment (its etcd password) or memory, nor the gateway's state dir. The
+replica process takes the uid itself (``NOTEBOOKOS_KERNEL_UID``, :mod:`jupyter_notebookos.kernel.sandbox`) before
+any user code runs: a warm process when it receives its assignment.
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ from jupyter_notebookos.launchers.base import (
     ReplicaSpec,
     ReplicaStatus,
 )
-from jupyter_notebookos.replication.protocol import ENV_HOST, ENV_KERNEL_ID, ENV_OBJECT_STORE_URL, ENV_REPLICA_ID
+from jupyter_notebookos.replication.protocol import (
+    ENV_HOST,
+    ENV_KERNEL_ID,
+    ENV_KERNEL_UID,
+    ENV_OBJECT_STORE_URL,
+    ENV_REPLICA_ID,
+)
 
 #: Environment variables that take effect when the interpreter starts, so a warm process must have them.
 STARTUP_PREFIXES = ("PYTHON", "LD_", "OPENBLAS_", "OMP_", "MKL_")
@@ -131,7 +138,7 @@ class LocalLauncher(Launcher):
     # -- per-kernel OS users ------------------------------------------------------------------------------
 
     def isolation(self) -> str:
-        """"" when kernels run as their own OS users; otherwise why not (for logs and the kernel view)."""
+        """ "" when kernels run as their own OS users; otherwise why not (for logs and the kernel view)."""
         if self._isolation is None:
             reason = ""
             if self.kernel_users == "off":
@@ -139,17 +146,21 @@ class LocalLauncher(Launcher):
             elif os.geteuid() != 0:
                 reason = "the gateway does not run as root"
             else:
-                import jupyter_notebookos
-
-                for path in (self.python, os.path.dirname(jupyter_notebookos.__file__)):
-                    blocked = unreachable_for_others(path)
-                    if blocked is not None:
-                        reason = f"{blocked} is not readable by other users (needed by {path})"
-                        break
                 state_dir = Path(self.log_dir).resolve().parent
-                blocked = None if reason else unreachable_for_others(state_dir, read=False)
+                blocked = unreachable_for_others(state_dir, read=False)
                 if blocked is not None:
                     reason = f"{blocked} cannot be passed by other users (on the way to the state dir {state_dir})"
+                else:
+                    # Whether a replica can take a user here (and still read its Python): try it once.
+                    probe = subprocess.run(
+                        [self.python, "-m", "jupyter_notebookos.kernel.sandbox"],
+                        capture_output=True,
+                        text=True,
+                        timeout=30,
+                        env={"PATH": os.environ.get("PATH", ""), **startup_env(dict(os.environ))},
+                    )
+                    if probe.returncode != 0:
+                        reason = f"a replica could not take an unprivileged user: {probe.stderr.strip()[-300:]}"
             if reason and self.kernel_users == "on":
                 raise LaunchError(
                     f"kernel_users is 'on' but kernels cannot run as their own users: {reason}. Run the gateway "
@@ -230,9 +241,16 @@ class LocalLauncher(Launcher):
             uid = self.kernel_uid(spec.kernel_id)
             self._prepare_kernel_dirs(spec.kernel_id, uid, env)
             home = str(self.kernel_home(spec.kernel_id))
-            env.update({"HOME": home, "USER": f"kernel-{uid}", "MPLCONFIGDIR": f"{home}/.matplotlib"})
+            env.update(
+                {
+                    "HOME": home,
+                    "USER": f"kernel-{uid}",
+                    "MPLCONFIGDIR": f"{home}/.matplotlib",
+                    ENV_KERNEL_UID: str(uid),
+                }
+            )
         cwd = env.get("KERNEL_WORKING_DIR") or None
-        child = self._assign_warm(env, log_path, cwd, uid)
+        child = self._assign_warm(env, log_path, cwd)
         try:
             if child is None:
                 with open(log_path, "ab") as out:
@@ -244,9 +262,6 @@ class LocalLauncher(Launcher):
                         stdin=subprocess.DEVNULL,
                         start_new_session=True,
                         cwd=cwd,
-                        user=uid,
-                        group=uid,
-                        extra_groups=[] if uid is not None else None,
                     )
         except OSError as err:
             raise LaunchError(f"could not start replica {spec.replica_id} of kernel {spec.kernel_id}: {err}") from err
@@ -274,9 +289,7 @@ class LocalLauncher(Launcher):
 
     # -- the warm pool -------------------------------------------------------------------------------------
 
-    def _assign_warm(
-        self, env: dict[str, str], log_path: Path, cwd: str | None, uid: int | None
-    ) -> subprocess.Popen[bytes] | None:
+    def _assign_warm(self, env: dict[str, str], log_path: Path, cwd: str | None) -> subprocess.Popen[bytes] | None:
         """Hand a waiting warm process this replica's assignment; None when none fits."""
         wanted = startup_env(env)
         while self._pool:
@@ -284,7 +297,7 @@ class LocalLauncher(Launcher):
             if process.poll() is not None or startup != wanted or process.stdin is None:
                 self._discard(process)
                 continue
-            assignment = json.dumps({"env": env, "log": str(log_path), "cwd": cwd, "uid": uid}) + "\n"
+            assignment = json.dumps({"env": env, "log": str(log_path), "cwd": cwd}) + "\n"
             try:
                 process.stdin.write(assignment.encode())
                 process.stdin.close()
@@ -407,4 +420,3 @@ class LocalLauncher(Launcher):
             return int(record["pid"]) == process.pid and abs(float(record["created"]) - process.create_time()) < 0.01
         except (OSError, ValueError, KeyError, psutil.Error):
             return False
-

@@ -78,6 +78,8 @@ ENV_ETCD_KEY = "NOTEBOOKOS_ETCD_KEY"
 ENV_ETCD_SERVER_NAME = "NOTEBOOKOS_ETCD_SERVER_NAME"  # name checked against etcd's certificate (optional)
 # etcd auth: the kernel's own etcd user and password (the gateway creates them per kernel; never the admin's).
 ENV_ETCD_USER = "NOTEBOOKOS_ETCD_USER"
+# The OS user a replica takes before running the kernel's code (local launcher as root; see kernel.sandbox).
+ENV_KERNEL_UID = "NOTEBOOKOS_KERNEL_UID"
 ENV_ETCD_PASSWORD = "NOTEBOOKOS_ETCD_PASSWORD"
 
 DEFAULT_LEASE_TTL = 5
