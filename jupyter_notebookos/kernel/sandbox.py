@@ -87,7 +87,11 @@ def expose(hidden: dict[str, list[str]]) -> None:
         handles = {path: os.open(path, os.O_PATH) for path in paths}  # reachable until the tmpfs covers them
         _mount(libc, "tmpfs", blocked, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
         for path, handle in handles.items():
-            os.makedirs(path, mode=0o755, exist_ok=True)
+            # Mount points and the directories leading to them: passable by the kernel's user, whatever the umask.
+            for parent in [*reversed(Path(path).parents), Path(path)]:
+                if Path(blocked) in parent.parents:
+                    parent.mkdir(exist_ok=True)
+                    parent.chmod(0o755)
             _mount(libc, f"/proc/self/fd/{handle}", path, None, _MS_BIND | _MS_REC, None)
             _mount(libc, None, path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_REC, None)
             os.close(handle)
