@@ -270,7 +270,6 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
             log=self.log,
         )
         self.platform.etcd_tls = self.etcd_tls()
-        self.platform.etcd_credentials = self.etcd_credentials()
 
     def _init_kubernetes(self, scheduler: Scheduler) -> None:
         """Replica pods, GPU nodes as hosts, placeholder pods for scaling (the helm chart's deployment)."""
@@ -301,12 +300,12 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
             log=self.log,
         )
         self.platform.etcd_tls = self.etcd_tls()
-        self.platform.etcd_credentials = self.etcd_credentials()
         self.node_hosts = NodeHosts(self.platform, inventory, placeholders)
 
     async def start_platform(self) -> None:
         """Kubernetes: check the placeholder PriorityClass and make the GPU nodes hosts (before re-attaching
         replicas, which needs their hosts); then connect to etcd and start the platform."""
+        self.platform.etcd_credentials = self.etcd_credentials()
         if self.node_hosts is not None:
             if self.platform.autoscaler is not None and self.node_hosts.provisioner is not None:
                 await self.node_hosts.provisioner.pool.check_priority_class()

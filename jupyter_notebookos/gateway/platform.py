@@ -173,6 +173,9 @@ class GatewayPlatform:
         # The gateway's etcd admin identity (etcd auth on; the app sets it); None: auth off.
         self.etcd_credentials: EtcdCredentials | None = None
         self.access: KernelAccessManager | None = None
+        # Set once start() is done: the HTTP server listens while start() runs (EG binds it first), so a kernel
+        # start that arrives meanwhile waits for it instead of failing.
+        self.ready = asyncio.Event()
         self._waiting: dict[tuple[str, str], asyncio.Future[RunCell | MigrateThenRun]] = {}
         self._monitor: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -236,6 +239,7 @@ class GatewayPlatform:
         self._monitor = asyncio.ensure_future(self._monitor_replicas())
         if self.autoscaler is not None:
             self.autoscaler.start()
+        self.ready.set()
         self.log.info(
             "NotebookOS platform up: %d hosts, %d GPUs, etcd at %s",
             len(self.hosts),
@@ -333,6 +337,7 @@ class GatewayPlatform:
     async def stop(self, *, stop_kernels: bool = True) -> None:
         """Release etcd; stop every kernel's replicas too, unless they are to outlive this gateway (their
         sessions stay in etcd and the next gateway re-attaches)."""
+        self.ready.clear()
         if self._monitor is not None:
             self._monitor.cancel()
         if self.autoscaler is not None:
@@ -366,6 +371,9 @@ class GatewayPlatform:
         launch_timeout: float | None = None,
     ) -> ReplicaRouter:
         """Place the kernel's replicas, bind its router, start the replicas and wait until they registered."""
+        if not self.ready.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.ready.wait(), self.etcd_timeout * 4)
         if self.coordinator is None or self.ledger is None or self.access is None:
             raise LaunchError("the NotebookOS platform is not connected to etcd yet")
         gpus = parse_kernel_gpus(env.get("KERNEL_GPUS"))
