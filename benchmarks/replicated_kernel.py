@@ -11,11 +11,13 @@ on a shared machine hits both alike:
   of each kind;
 - a cell creating a 100 MB numpy array: reply latency, and the time from the reply until every follower
   reports that it applied the cell's log record (``applied_seq`` in GET /api/notebookos/kernels/{id});
-- trivial-cell latency again with the 100 MB array in the namespace.
+- trivial-cell latency again with the 100 MB array in the namespace;
+- with ``--auth-compare``: a second platform with etcd auth off, and trivial / binding cells of a NotebookOS
+  kernel there interleaved with the others (what per-kernel etcd users cost per cell).
 
 Prints a table with the ratios (NotebookOS / plain) and the issue's targets. Not a timed test.
 
-    .venv/bin/python benchmarks/replicated_kernel.py [--quick] [--cells N] [--no-stock]
+    .venv/bin/python benchmarks/replicated_kernel.py [--quick] [--cells N] [--no-stock] [--auth-compare]
 """
 
 from __future__ import annotations
@@ -172,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         help="quiet seconds before each kernel start, as between users opening notebooks (0: back to back, "
         "the worst case for the warm replica pool)",
     )
+    parser.add_argument(
+        "--auth-compare",
+        action="store_true",
+        help="also run a platform with etcd auth off, and compare its NotebookOS cells with auth on",
+    )
     args = parser.parse_args(argv)
     cells = args.cells or (60 if args.quick else 200)
     starts = args.starts or (2 if args.quick else 4)
@@ -186,6 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(_stop_platform, platform)
         ours = platform.client
         stock = stack.enter_context(stock_gateway(workdir, platform.token)) if not args.no_stock else None
+        no_auth = None
+        if args.auth_compare:
+            unauthenticated = start_platform(
+                workdir / "state-no-auth", "--gateway-option", "NotebookOSGatewayApp.etcd_auth=False"
+            )
+            stack.callback(_stop_platform, unauthenticated)
+            no_auth = unauthenticated.client
 
         # -- kernel start, interleaved ----------------------------------------------------------------
         start_times: dict[str, list[float]] = {PLAIN: [], NOTEBOOKOS: []}
@@ -203,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             ("plain", ours, PLAIN),
             ("notebookos", ours, NOTEBOOKOS),
             *([("stock", stock, PLAIN)] if stock is not None else []),
+            *([("notebookos, etcd auth off", no_auth, NOTEBOOKOS)] if no_auth is not None else []),
         ]:
             kernels[label] = start_kernel(client, name)[0]
             stack.callback(kernels[label].close)
@@ -210,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         trivial = {label: list(k.latencies) for label, k in kernels.items()}
         # A cell that binds a name: its state record goes out at once (a trivial cell's record, empty, may
         # wait and go out with later ones).
-        binding_kernels = {label: kernels[label] for label in ("plain", "notebookos")}
+        binding_kernels = {
+            label: kernels[label] for label in ("plain", "notebookos", "notebookos, etcd auth off") if label in kernels
+        }
         interleaved_latency(binding_kernels, max(20, cells // 2), 5, code="x = 1")
         binding = {label: list(k.latencies) for label, k in binding_kernels.items()}
 
@@ -235,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         trivial_big = {label: list(k.latencies) for label, k in with_state.items()}
 
     report(console, trivial, binding, start_times, array_reply, applied, trivial_big, args.start_gap)
+    if "notebookos, etcd auth off" in trivial:
+        report_auth(console, trivial, binding)
     leftovers = processes_of(workdir / "state")
     if leftovers:
         console.print(f"[red]left-over processes: {[p.pid for p in leftovers]}[/red]")
@@ -244,6 +263,24 @@ def main(argv: list[str] | None = None) -> int:
 
 def _stop_platform(platform: object) -> None:
     stop_platform(platform)  # type: ignore[arg-type]
+
+
+def report_auth(console: Console, trivial: dict[str, list[float]], binding: dict[str, list[float]]) -> None:
+    """etcd auth on (per-kernel users, the default) against off, same run, interleaved."""
+    table = Table(title="etcd auth on (per-kernel etcd users) vs off, same run")
+    for col in ("measure", "plain EG", "NotebookOS, auth off", "NotebookOS, auth on", "on - off", "on - plain"):
+        table.add_column(col)
+    for title, samples in (("trivial cell p50", trivial), ("cell binding a name p50", binding)):
+        plain, off, on = (statistics.median(samples[k]) for k in ("plain", "notebookos, etcd auth off", "notebookos"))
+        table.add_row(
+            title,
+            f"{plain * 1e3:.1f} ms",
+            f"{off * 1e3:.1f} ms",
+            f"{on * 1e3:.1f} ms",
+            f"{(on - off) * 1e3:+.1f} ms",
+            f"{(on - plain) * 1e3:+.1f} ms (target <= +5 ms)",
+        )
+    console.print(table)
 
 
 def report(

@@ -34,7 +34,9 @@ apt_install() {
 # --- Python 3.11 -------------------------------------------------------------------------------------------
 PY="${PYTHON:-}"
 if [ -z "$PY" ]; then
-    for candidate in python3.11 python3; do
+    # The system's interpreter first: kernels run as their own unprivileged users (LocalLauncher.kernel_users),
+    # so the gateway's Python must be readable by every user (a pyenv under /root is not).
+    for candidate in /usr/bin/python3.11 python3.11 python3; do
         if command -v "$candidate" >/dev/null 2>&1 &&
             "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
             PY="$(command -v "$candidate")"; break
@@ -56,7 +58,7 @@ make_venv() {  # make_venv DIR STAMP_INPUTS... -- PIP_ARGS...
     local inputs=()
     while [ "$1" != "--" ]; do inputs+=("$1"); shift; done; shift
     local digest
-    digest="$(cat "${inputs[@]}" | sha256sum | cut -c1-16)"
+    digest="$({ cat "${inputs[@]}"; echo "$PY"; } | sha256sum | cut -c1-16)"
     if [ -f "$dir/.bootstrap-$digest" ]; then return 0; fi
     say "creating $dir"
     rm -rf "$dir"

@@ -20,7 +20,7 @@ import ipaddress
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,9 +29,11 @@ import grpc.aio
 
 from jupyter_notebookos.coordination import _proto
 from jupyter_notebookos.coordination.errors import (
+    AuthenticationFailed,
     CoordinationError,
     EtcdUnavailable,
     LeaseLost,
+    PermissionDenied,
     QuorumLost,
     TransactionConflict,
 )
@@ -98,7 +100,25 @@ def classify(
         return LeaseLost(0, detail)
     if code == grpc.StatusCode.FAILED_PRECONDITION and "compare" in lowered:
         return TransactionConflict(f"{operation}: {detail}")
+    if code == grpc.StatusCode.PERMISSION_DENIED or "permission denied" in lowered:
+        return PermissionDenied(
+            f"etcd refused {operation}: permission denied. This etcd user may not touch that key (a kernel's "
+            "replicas reach only their own kernel's keys)."
+        )
+    if "authentication failed" in lowered or "user name is empty" in lowered or "invalid auth token" in lowered:
+        return AuthenticationFailed(
+            f"etcd refused {operation}: {detail}. Check the etcd user and password (NOTEBOOKOS_ETCD_USER / "
+            "NOTEBOOKOS_ETCD_PASSWORD) and that etcd auth is enabled on both sides."
+        )
     return CoordinationError(f"etcd refused {operation}: {code.name} {detail}")
+
+
+def _token_expired(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether etcd refused our auth token as too old: expired (simple tokens live ``--auth-token-ttl``
+    seconds unused) or issued before a user or role changed ("revision of auth store is old"). Such a request
+    was not applied, so it is retried once a new token is in hand."""
+    lowered = _details(exc).lower()
+    return "invalid auth token" in lowered or "auth store is old" in lowered or "user name is empty" in lowered
 
 
 def _retryable(exc: grpc.aio.AioRpcError, *, idempotent: bool) -> bool:
@@ -127,6 +147,30 @@ def _grpc_target(endpoints: Sequence[str]) -> str:
             infos = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)
             addresses.extend(sorted({f"{info[4][0]}:{port}" for info in infos}))
     return "ipv4:" + ",".join(addresses) if all("[" not in a for a in addresses) else "ipv6:" + ",".join(addresses)
+
+
+@dataclass(frozen=True)
+class EtcdCredentials:
+    """An etcd user name and password (etcd's ``--auth`` users). The gateway holds the admin user's; each
+    kernel's replicas hold only their own kernel's (see :mod:`jupyter_notebookos.coordination.auth`)."""
+
+    user: str
+    password: str = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.user or not self.password:
+            raise ValueError("etcd credentials need both a user name and a password")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], user_var: str, password_var: str) -> EtcdCredentials | None:
+        """The credentials named by these environment variables, or ``None`` when neither is set."""
+        user, password = env.get(user_var, "").strip(), env.get(password_var, "").strip()
+        if not user and not password:
+            return None
+        try:
+            return cls(user, password)
+        except ValueError as err:
+            raise ValueError(f"{err} ({user_var} and {password_var})") from None
 
 
 @dataclass(frozen=True)
@@ -214,6 +258,7 @@ class Coordinator:
         prefix: str = DEFAULT_PREFIX,
         attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
         tls: EtcdTls | None = None,
+        credentials: EtcdCredentials | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint is needed")
@@ -235,6 +280,11 @@ class Coordinator:
         self._lease = _proto.LeaseStub(self._channel)
         self._watch = _proto.WatchStub(self._channel)
         self._maintenance = _proto.MaintenanceStub(self._channel)
+        self._auth = _proto.AuthStub(self._channel)
+        self.credentials = credentials
+        # Sent with every call: etcd's hasleader flag, plus our auth token once authenticated.
+        self.metadata: tuple[tuple[str, str], ...] = REQUIRE_LEADER
+        self._auth_lock = asyncio.Lock()
         self._leases: set[Lease] = set()
         self._watches: set[Watch] = set()
         self._closed = False
@@ -248,17 +298,27 @@ class Coordinator:
         prefix: str = DEFAULT_PREFIX,
         attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
         tls: EtcdTls | None = None,
+        credentials: EtcdCredentials | None = None,
     ) -> Coordinator:
         """Connect to etcd at ``endpoints`` (``"host:port"``; any member will do).
 
         ``timeout`` bounds every call (retries included) unless the call passes its own;
         ``attempt_timeout`` bounds one attempt of a call that may be retried (not transactions);
-        ``tls`` makes the channel a TLS one (etcd's ``https://`` client URLs).
+        ``tls`` makes the channel a TLS one (etcd's ``https://`` client URLs); ``credentials`` log in as that
+        etcd user (etcd auth), and every later call carries the token.
 
         Raises:
             EtcdUnavailable: no endpoint answered within ``timeout`` seconds.
+            AuthenticationFailed: etcd refused the credentials.
         """
-        coordinator = cls(endpoints, timeout=timeout, prefix=prefix, attempt_timeout=attempt_timeout, tls=tls)
+        coordinator = cls(
+            endpoints,
+            timeout=timeout,
+            prefix=prefix,
+            attempt_timeout=attempt_timeout,
+            tls=tls,
+            credentials=credentials,
+        )
         try:
             # Status is answered by any live member, leader or not: connecting needs no quorum.
             await coordinator._unary(
@@ -266,6 +326,12 @@ class Coordinator:
             )
         except QuorumLost:
             pass
+        except BaseException:
+            await coordinator.close()
+            raise
+        try:
+            if credentials is not None:
+                await coordinator.authenticate(timeout=timeout)
         except BaseException:
             await coordinator.close()
             raise
@@ -301,6 +367,41 @@ class Coordinator:
     def _error(self, exc: grpc.aio.AioRpcError, operation: str) -> CoordinationError:
         return classify(exc, self.endpoints, channel_ready=self.channel_ready, operation=operation)
 
+    async def authenticate(self, *, timeout: float | None = None, stale: tuple[tuple[str, str], ...] = ()) -> None:
+        """Log in with :attr:`credentials` and use the new token from now on.
+
+        ``stale``: the metadata a refused call carried; when another task already replaced that token, this
+        returns at once (many calls refused together log in once).
+        """
+        if self.credentials is None:
+            raise AuthenticationFailed(
+                "etcd requires a user name and password, and this process has none: set NOTEBOOKOS_ETCD_USER "
+                "and NOTEBOOKOS_ETCD_PASSWORD (the gateway gives each replica its kernel's own)"
+            )
+        async with self._auth_lock:
+            if stale and self.metadata != stale:
+                return
+            request = _proto.AuthenticateRequest(name=self.credentials.user, password=self.credentials.password)
+            # Logging in needs no token: the plain metadata, and no re-login loop inside _unary.
+            reply = await self._unary(
+                self._auth.Authenticate, request, f"log in as etcd user {self.credentials.user}", timeout,
+                idempotent=True, metadata=REQUIRE_LEADER,
+            )  # fmt: skip
+            self.metadata = (*REQUIRE_LEADER, ("token", reply.token))
+
+    async def relogin_if_expired(self, exc: grpc.aio.AioRpcError, sent: tuple[tuple[str, str], ...]) -> bool:
+        """For streams (lease keepalives, watches): log in again when ``exc`` says our token is too old.
+        Returns whether it did, so the caller resends."""
+        if self.credentials is None or not _token_expired(exc):
+            return False
+        await self.authenticate(stale=sent)
+        return True
+
+    async def auth_call(self, method: str, request: Any, operation: str, *, timeout: float | None = None) -> Any:
+        """Call one RPC of etcd's Auth service (users, roles, enabling auth): for the admin helpers of
+        :mod:`jupyter_notebookos.coordination.auth`."""
+        return await self._unary(getattr(self._auth, method), request, operation, timeout, idempotent=True)
+
     async def _unary(
         self,
         method: Callable[..., Awaitable[_T]],
@@ -309,6 +410,7 @@ class Coordinator:
         timeout: float | None,
         *,
         idempotent: bool,
+        metadata: tuple[tuple[str, str], ...] | None = None,
     ) -> _T:
         if self._closed:
             raise CoordinationError(f"{operation}: the coordinator is closed")
@@ -319,9 +421,14 @@ class Coordinator:
         while True:
             remaining = deadline - loop.time()
             attempt = min(remaining, self.attempt_timeout) if idempotent else remaining
+            sent = self.metadata if metadata is None else metadata
             try:
-                return await method(request, timeout=max(attempt, 0.001), metadata=REQUIRE_LEADER)
+                return await method(request, timeout=max(attempt, 0.001), metadata=sent)
             except grpc.aio.AioRpcError as exc:
+                if metadata is None and self.credentials is not None and _token_expired(exc):
+                    # Not applied: log in again (once for every call refused with this token) and resend.
+                    await self.authenticate(timeout=max(deadline - loop.time(), 0.001), stale=sent)
+                    continue
                 error = self._error(exc, operation)
                 remaining = deadline - loop.time()
                 if not _retryable(exc, idempotent=idempotent) or remaining <= backoff:

@@ -66,3 +66,15 @@ class WatchCompacted(CoordinationError):
             f"{compact_revision}. Re-read the current state with get_prefix() and watch from its "
             "revision + 1."
         )
+
+
+class PermissionDenied(CoordinationError):
+    """etcd refused a request because this process's etcd user may not touch that key.
+
+    With auth on, each kernel's replicas hold an etcd user that reaches only that kernel's keys: this is what
+    user code gets when it tries to read or write another kernel's.
+    """
+
+
+class AuthenticationFailed(CoordinationError):
+    """etcd refused this process's user name or password (or auth is configured on one side only)."""

@@ -112,12 +112,16 @@ class Lease:
         budget = max(0.5, self.ttl / 3) if timeout is None else timeout
         loop = asyncio.get_running_loop()
         sent_at = loop.time()
-        call = coordinator._lease.LeaseKeepAlive(timeout=budget, metadata=coordinator.REQUIRE_LEADER)
+        sent = coordinator.metadata
+        call = coordinator._lease.LeaseKeepAlive(timeout=budget, metadata=sent)
         try:
             await call.write(_proto.LeaseKeepAliveRequest(ID=self.id))
             reply = await call.read()
         except grpc.aio.AioRpcError as exc:
-            raise coordinator._error(exc, f"renew lease {self.id:x}") from exc
+            error = coordinator._error(exc, f"renew lease {self.id:x}")
+            with contextlib.suppress(CoordinationError):
+                await coordinator.relogin_if_expired(exc, sent)  # the next renewal carries the new token
+            raise error from exc
         finally:
             call.cancel()
         if reply is grpc.aio.EOF:

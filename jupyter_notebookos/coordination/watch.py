@@ -20,7 +20,7 @@ import grpc
 import grpc.aio
 
 from jupyter_notebookos.coordination import _proto
-from jupyter_notebookos.coordination.errors import CoordinationError, WatchCompacted
+from jupyter_notebookos.coordination.errors import CoordinationError, PermissionDenied, WatchCompacted
 from jupyter_notebookos.coordination.kv import WatchEvent
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ class Watch:
         self._coordinator = coordinator
         self._queue: asyncio.Queue[WatchEvent | BaseException | None] = asyncio.Queue()
         self._ready = asyncio.Event()
+        self._denied = False  # the last stream was refused and we logged in again since
         self._closed = False
         self._error: Exception | None = None
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"watch {key}")
@@ -125,7 +126,8 @@ class Watch:
     async def _stream(self) -> bool:
         """One watch stream, until it breaks. Returns whether it got as far as being created."""
         coordinator = self._coordinator
-        call = coordinator._watch.Watch(metadata=coordinator.REQUIRE_LEADER)
+        sent = coordinator.metadata
+        call = coordinator._watch.Watch(metadata=sent)
         created = False
         try:
             await call.write(
@@ -147,6 +149,7 @@ class Watch:
                     raise WatchCompacted(self.key, self.next_revision or 0, reply.compact_revision)
                 if reply.created:
                     created = True
+                    self._denied = False
                     if self.next_revision is None:
                         self.next_revision = reply.header.revision + 1
                     self._ready.set()
@@ -154,6 +157,16 @@ class Watch:
                     reason = reply.cancel_reason or "no reason given"
                     if "compacted" in reason:
                         raise WatchCompacted(self.key, self.next_revision or 0, 0)
+                    if "permission denied" in reason:
+                        # etcd says so also for a token that expired or predates a user/role change: log in
+                        # again and resume; refused with a token fresh from that, it is a real denial.
+                        if coordinator.credentials is None or self._denied:
+                            raise PermissionDenied(
+                                f"watch {self.key}: permission denied (this etcd user may not read these keys)"
+                            )
+                        self._denied = True
+                        await coordinator.authenticate(stale=sent)
+                        return True
                     log.info("watch %s: cancelled by etcd (%s), resuming", self.key, reason)
                     return created
                 if reply.events:

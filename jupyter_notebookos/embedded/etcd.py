@@ -479,6 +479,9 @@ class EtcdCluster:
             "--initial-cluster-state", "new",
             "--heartbeat-interval", str(self.heartbeat_ms),
             "--election-timeout", str(self.election_ms),
+            # Auth passwords are random 256-bit secrets (see coordination.auth): bcrypt's cost adds no strength,
+            # and every change of users (a kernel started or stopped) makes every client log in again.
+            "--bcrypt-cost", "4",
             "--logger", "zap",
             "--log-outputs", "stderr",
         ]  # fmt: skip

@@ -140,7 +140,13 @@ class EmbeddedPlatform:
     def start(self) -> None:
         """Check the preconditions, then start etcd, the gateway and JupyterLab."""
         opts = self.options
+        # Everything this platform writes is its own: the state dir holds tokens, etcd's data and every kernel's
+        # files. 0711, not 0700: kernels running as their own users pass through it to their own 0700 directory
+        # (they cannot list it, and every file in it is 0600).
+        os.umask(0o077)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.chmod(0o711)
+        self.etcd_password = self._etcd_root_password()
         self._acquire_lock()
         for name, port in self._ports():
             if port and port_in_use(port):
@@ -273,6 +279,17 @@ class EmbeddedPlatform:
             ) from None
         self._lock = lock
 
+    def _etcd_root_password(self) -> str:
+        """etcd's root password: kept in the state dir (0600), since etcd's data (auth on) outlives one run."""
+        path = self.state_dir / "etcd-root-password"
+        with contextlib.suppress(OSError):
+            password = path.read_text().strip()
+            if password:
+                return password
+        password = secrets.token_urlsafe(32)
+        _write_private(path, password)
+        return password
+
     def _gateway_command(self) -> list[str]:
         opts = self.options
         return [
@@ -295,6 +312,7 @@ class EmbeddedPlatform:
         env = dict(os.environ)
         env.update(
             EG_AUTH_TOKEN=self.token,
+            NOTEBOOKOS_ETCD_PASSWORD=self.etcd_password,
             EG_LIST_KERNELS="True",
             # The embedded platform runs every kernel as the user who runs `notebookos up` (no
             # impersonation), so EG's default refusal of `root` would only stop root from using it.
@@ -316,9 +334,7 @@ class EmbeddedPlatform:
             f"--port={opts.lab_port}",
             "--port-retries=0",
             f"--ServerApp.root_dir={opts.notebook_dir.resolve()}",
-            f"--IdentityProvider.token={self.lab_token}",
             f"--gateway-url={self.gateway_url}",
-            f"--GatewayClient.auth_token={self.token}",
             "--GatewayClient.request_timeout=120",
             "--allow-root",
         ]
@@ -326,6 +342,9 @@ class EmbeddedPlatform:
     def _lab_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONHOME"))}
         env["PYTHONUNBUFFERED"] = "1"
+        # Tokens in the environment, never on a command line (any user of the machine can read those).
+        env["JUPYTER_TOKEN"] = self.lab_token
+        env["JUPYTER_GATEWAY_AUTH_TOKEN"] = self.token
         return env
 
     def _spawn(
@@ -368,9 +387,7 @@ class EmbeddedPlatform:
             "etcd_endpoints": self.etcd.endpoints if self.etcd else [],
             "pid": os.getpid(),
         }
-        path = self.state_dir / RUNTIME_FILE
-        path.write_text(json.dumps(runtime, indent=2))
-        path.chmod(0o600)
+        _write_private(self.state_dir / RUNTIME_FILE, json.dumps(runtime, indent=2))
 
     def print_urls(self) -> None:
         """What to open: one line each, never wrapped or cut (a URL with its token must be copyable whole)."""
@@ -395,3 +412,18 @@ class EmbeddedPlatform:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._stopping = True
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``path`` readable by its owner only, atomically (a reader never sees half of it, or a moment
+    when it is readable by others)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise

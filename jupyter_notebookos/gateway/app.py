@@ -27,7 +27,7 @@ from jupyter_server.utils import url_path_join
 from tornado import ioloop
 from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default, validate
 
-from jupyter_notebookos.coordination.client import EtcdTls
+from jupyter_notebookos.coordination.client import EtcdCredentials, EtcdTls
 from jupyter_notebookos.gateway.handlers import notebookos_handlers
 from jupyter_notebookos.gateway.identity import Identities, IdentityConfig, IdentityConfigError
 from jupyter_notebookos.gateway.ownership import with_identity
@@ -124,6 +124,51 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
             return EtcdTls(self.etcd_ca_cert, self.etcd_cert, self.etcd_key, self.etcd_server_name)
         except ValueError as err:
             raise TraitError(f"NotebookOSGatewayApp.etcd_cert / etcd_key: {err}") from None
+
+    etcd_auth = Bool(
+        True,
+        config=True,
+        help="Use etcd's auth: the gateway logs in as etcd's root user (turning auth on at start if it is off) and "
+        "gives each kernel an etcd user that reaches only that kernel's keys. Off: every replica can read and "
+        "write every kernel's keys (a single trusted user only). Env: NOTEBOOKOS_ETCD_AUTH=0 turns it off.",
+    )
+
+    @default("etcd_auth")
+    def _etcd_auth_default(self) -> bool:
+        return os.environ.get("NOTEBOOKOS_ETCD_AUTH", "1").strip().lower() not in ("0", "false", "no", "off")
+
+    etcd_user = Unicode(
+        "root",
+        config=True,
+        help="The gateway's etcd user: etcd's admin, 'root' (etcd enables auth only with that user). "
+        "Env: NOTEBOOKOS_ETCD_USER.",
+    )
+
+    @default("etcd_user")
+    def _etcd_user_default(self) -> str:
+        return os.environ.get(protocol.ENV_ETCD_USER, "").strip() or "root"
+
+    etcd_password = Unicode(
+        config=True,
+        help="The password of etcd_user. Give it in the environment (NOTEBOOKOS_ETCD_PASSWORD) or a config file, "
+        "never on a command line (other users can read those). `notebookos up` generates one.",
+    )
+
+    @default("etcd_password")
+    def _etcd_password_default(self) -> str:
+        return os.environ.get(protocol.ENV_ETCD_PASSWORD, "").strip()
+
+    def etcd_credentials(self) -> EtcdCredentials | None:
+        """The gateway's etcd admin identity, or None with etcd auth off."""
+        if not self.etcd_auth:
+            return None
+        if not self.etcd_password:
+            raise TraitError(
+                "etcd auth is on (NotebookOSGatewayApp.etcd_auth) but no etcd admin password is set: set "
+                "NOTEBOOKOS_ETCD_PASSWORD (the password of etcd's root user; on a fresh etcd the gateway turns auth "
+                "on with it), or NOTEBOOKOS_ETCD_AUTH=0 for a single trusted user"
+            )
+        return EtcdCredentials(self.etcd_user, self.etcd_password)
 
     etcd_prefix = Unicode("/notebookos", config=True, help="Key prefix of everything NotebookOS stores in etcd.")
 
@@ -278,6 +323,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
     async def start_platform(self) -> None:
         """Kubernetes: check the placeholder PriorityClass and make the GPU nodes hosts (before re-attaching
         replicas, which needs their hosts); then connect to etcd and start the platform."""
+        self.platform.etcd_credentials = self.etcd_credentials()
         if self.node_hosts is not None:
             if self.platform.autoscaler is not None and self.node_hosts.provisioner is not None:
                 await self.node_hosts.provisioner.pool.check_priority_class()

@@ -16,8 +16,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from jupyter_notebookos.coordination.client import Coordinator, EtcdTls
+from jupyter_notebookos.coordination.client import Coordinator, EtcdCredentials, EtcdTls
 from jupyter_notebookos.coordination.errors import CoordinationError
+from jupyter_notebookos.gateway.access import KernelAccess, KernelAccessManager, ensure_etcd_auth, replica_env
 from jupyter_notebookos.gateway.autoscaler import Autoscaler
 from jupyter_notebookos.gateway.ledger import LedgerReleases
 from jupyter_notebookos.gateway.metrics import PlatformMetrics
@@ -93,6 +94,8 @@ class KernelRecord:
     next_replica: int = 3
     # The scheduler's replica ids (a migrated replica keeps its id there) -> the replica processes' ids.
     router_ids: dict[int, str] = field(default_factory=dict)
+    # The kernel's own etcd credentials (what its replicas get; never the gateway's).
+    access: KernelAccess | None = None
 
     def router_id(self, scheduler_id: int) -> str:
         """The replica process that stands for the scheduler's replica ``scheduler_id`` now."""
@@ -167,6 +170,12 @@ class GatewayPlatform:
         self.ledger: LedgerReleases | None = None  # the GPU ledger's deferred releases in etcd
         # etcd client TLS (the gateway app sets it from its traitlets); None: plain gRPC.
         self.etcd_tls: EtcdTls | None = None
+        # The gateway's etcd admin identity (etcd auth on; the app sets it); None: auth off.
+        self.etcd_credentials: EtcdCredentials | None = None
+        self.access: KernelAccessManager | None = None
+        # Set once start() is done: the HTTP server listens while start() runs (EG binds it first), so a kernel
+        # start that arrives meanwhile waits for it instead of failing.
+        self.ready = asyncio.Event()
         self._waiting: dict[tuple[str, str], asyncio.Future[RunCell | MigrateThenRun]] = {}
         self._monitor: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -193,9 +202,25 @@ class GatewayPlatform:
     # -- lifecycle ----------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Connect to etcd and publish the hosts."""
+        """Connect to etcd (turning its auth on if it is off and we have the admin identity) and publish the
+        hosts; re-attach to running kernels and remove what is left of kernels that are gone."""
+        if self.etcd_credentials is not None:
+            await ensure_etcd_auth(
+                self.etcd_endpoints,
+                self.etcd_credentials,
+                prefix=self.etcd_prefix,
+                timeout=self.etcd_timeout,
+                tls=self.etcd_tls,
+            )
         self.coordinator = await Coordinator.connect(
-            self.etcd_endpoints, timeout=self.etcd_timeout, prefix=self.etcd_prefix, tls=self.etcd_tls
+            self.etcd_endpoints,
+            timeout=self.etcd_timeout,
+            prefix=self.etcd_prefix,
+            tls=self.etcd_tls,
+            credentials=self.etcd_credentials,
+        )
+        self.access = KernelAccessManager(
+            self.coordinator, self.object_store_url, etcd_auth=self.etcd_credentials is not None
         )
         self.ledger = LedgerReleases(self.coordinator)
         for host in self.hosts.values():
@@ -207,12 +232,14 @@ class GatewayPlatform:
             }
             await self.coordinator.put(self.coordinator.keys.host(host.name), json.dumps(record))
         self.adopted = await self._reattach()
+        await self.access.sweep(self.kernels)
         warm = getattr(self.launcher, "warm", None)
         if warm is not None:
             warm()
         self._monitor = asyncio.ensure_future(self._monitor_replicas())
         if self.autoscaler is not None:
             self.autoscaler.start()
+        self.ready.set()
         self.log.info(
             "NotebookOS platform up: %d hosts, %d GPUs, etcd at %s",
             len(self.hosts),
@@ -288,6 +315,8 @@ class GatewayPlatform:
             on_replica_lost=self._on_replica_lost,
         )
         record = KernelRecord(kernel_id, session["kernel_name"], gpus, router, dict(session.get("env") or {}))
+        assert self.access is not None
+        record.access = await self.access.restore(kernel_id, str(session.get("etcd_password") or ""))
         record.started_at = float(session.get("started_at", record.started_at))
         for registration in registrations:
             rid = registration.replica_id
@@ -308,6 +337,7 @@ class GatewayPlatform:
     async def stop(self, *, stop_kernels: bool = True) -> None:
         """Release etcd; stop every kernel's replicas too, unless they are to outlive this gateway (their
         sessions stay in etcd and the next gateway re-attaches)."""
+        self.ready.clear()
         if self._monitor is not None:
             self._monitor.cancel()
         if self.autoscaler is not None:
@@ -341,7 +371,10 @@ class GatewayPlatform:
         launch_timeout: float | None = None,
     ) -> ReplicaRouter:
         """Place the kernel's replicas, bind its router, start the replicas and wait until they registered."""
-        if self.coordinator is None or self.ledger is None:
+        if not self.ready.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.ready.wait(), self.etcd_timeout * 4)
+        if self.coordinator is None or self.ledger is None or self.access is None:
             raise LaunchError("the NotebookOS platform is not connected to etcd yet")
         gpus = parse_kernel_gpus(env.get("KERNEL_GPUS"))
         placement = self.scheduler.start_kernel(kernel_id, gpus, now=self.now())
@@ -364,6 +397,7 @@ class GatewayPlatform:
         record = KernelRecord(kernel_id, kernel_name, gpus, router, env, next_replica=len(placement.replicas))
         self.kernels[kernel_id] = record
         try:
+            record.access = await self.access.create(kernel_id)
             await router.bind()
             await router.start(fresh=True)
             # All at once: a launcher may wait for its pod to run, and the kernel waits for the slowest anyway.
@@ -394,6 +428,9 @@ class GatewayPlatform:
                         "signature_scheme": signature_scheme,
                         "started_at": record.started_at,
                         "env": {k: v for k, v in env.items() if k.startswith("KERNEL_")},
+                        # Only the gateway's admin user can read this record (the kernel's role covers its
+                        # sub-keys, not the record): a restarted gateway restores the kernel's etcd identity.
+                        "etcd_password": record.access.etcd_password,
                     }
                 ),
             )
@@ -427,6 +464,11 @@ class GatewayPlatform:
             with contextlib.suppress(CoordinationError):
                 await self.coordinator.delete_prefix(self.coordinator.keys.kernel_prefix(kernel_id))
                 await self.coordinator.delete(self.coordinator.keys.kernel(kernel_id))
+        if self.access is not None:
+            await self.access.remove(kernel_id)
+        forget = getattr(self.launcher, "forget_kernel", None)
+        if forget is not None:
+            forget(kernel_id)
 
     async def _start_replica(self, record: KernelRecord, scheduler_id: int, host: str) -> str:
         """Start a process for the scheduler's replica ``scheduler_id`` on ``host``; returns its id."""
@@ -443,18 +485,20 @@ class GatewayPlatform:
             host=host,
             kernel_name=record.kernel_name,
             env=self._replica_env(record, host),
+            secret_env=record.access.secret_env() if record.access is not None else {},
         )
         record.router.expect(replica_id)
         record.handles[replica_id] = await self.launcher.start_replica(spec)
 
     def _replica_env(self, record: KernelRecord, host: str) -> dict[str, str]:
-        env = dict(record.env)
+        env = replica_env(record.env)
         router = record.router
+        assert self.access is not None
         env.update(
             {
                 protocol.ENV_ETCD_ENDPOINTS: ",".join(self.etcd_endpoints),
                 protocol.ENV_ETCD_PREFIX: self.etcd_prefix,
-                protocol.ENV_OBJECT_STORE_URL: self.object_store_url,
+                protocol.ENV_OBJECT_STORE_URL: self.access.store_url(record.kernel_id),
                 protocol.ENV_KEY: router.signer.session.key.decode(),
                 protocol.ENV_SIGNATURE_SCHEME: router.signer.session.signature_scheme,
                 protocol.ENV_IP: "127.0.0.1",

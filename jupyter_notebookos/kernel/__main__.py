@@ -43,7 +43,7 @@ def wait_for_assignment() -> bool:
     os.environ.update({str(k): str(v) for k, v in assignment["env"].items()})
     if assignment.get("cwd"):
         os.chdir(assignment["cwd"])
-    log = os.open(assignment["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log = os.open(assignment["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
@@ -53,10 +53,25 @@ def wait_for_assignment() -> bool:
     return True
 
 
+def take_kernel_user() -> None:
+    """Become the kernel's own OS user, for good, before any of the kernel's code runs (when the launcher
+    asks for it: see :mod:`.sandbox`)."""
+    from jupyter_notebookos.kernel.sandbox import ENV_KERNEL_UID, become_kernel_user
+
+    raw = os.environ.get(ENV_KERNEL_UID, "").strip()
+    if raw:
+        become_kernel_user(int(raw))
+
+
 def main() -> int:
     """Run the replica until shutdown; returns the exit status."""
     if "--warm" in sys.argv[1:] and not wait_for_assignment():
         return 0
+    try:
+        take_kernel_user()
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"notebookos replica cannot take its kernel's OS user: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
     from jupyter_notebookos.coordination.errors import CoordinationError
     from jupyter_notebookos.kernel.app import ReplicaApp
     from jupyter_notebookos.kernel.settings import ReplicaConfigError

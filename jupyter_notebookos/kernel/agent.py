@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from jupyter_notebookos.coordination.client import Coordinator
-from jupyter_notebookos.coordination.errors import CoordinationError, LeaseLost
+from jupyter_notebookos.coordination.errors import CoordinationError, LeaseLost, PermissionDenied
 from jupyter_notebookos.coordination.keys import KeyLayout
 from jupyter_notebookos.coordination.kv import EventType
 from jupyter_notebookos.coordination.lease import Lease
@@ -139,6 +139,7 @@ class ReplicaAgent:
             prefix=self.settings.etcd_prefix,
             timeout=timeout,
             tls=self.settings.etcd_tls,
+            credentials=self.settings.etcd_credentials,
         )
         self.lease = await self.coordinator.grant_lease(self.settings.lease_ttl)
         self._applied_wakeup = asyncio.Event()
@@ -231,7 +232,11 @@ class ReplicaAgent:
                 if target <= self._applied_reported:
                     break  # a publication of ours reported it meanwhile
                 try:
-                    await self._co().put(self.keys.applied(self.kid, self.rid), str(target), lease=self.lease)
+                    # A transaction, not a plain put: etcd refuses a plain put bound to a lease that also holds
+                    # keys this kernel's etcd user may not write (the router's GPU-ledger entries).
+                    await self._co().txn(
+                        [], [Op.put(self.keys.applied(self.kid, self.rid), str(target), lease=self.lease)]
+                    )
                     self._applied_reported = max(self._applied_reported, target)
                 except CoordinationError as exc:
                     log.warning("could not report applied seq %d (will retry): %s", target, exc)
@@ -418,10 +423,16 @@ class ReplicaAgent:
     async def _revoke(self, timeout: float) -> None:
         for task in self._tasks:
             task.cancel()
-        if self.lease is not None:
-            await self.lease.revoke(timeout=timeout)
-        if self.coordinator is not None:
-            await self.coordinator.close()
+        try:
+            if self.lease is not None:
+                await self.lease.revoke(timeout=timeout)
+        except PermissionDenied:
+            # The router's GPU-ledger entries of a cell are still bound to our lease, and this kernel's etcd user
+            # may not delete them: the lease (and they) end with its TTL instead.
+            log.info("lease held GPU-ledger entries; it expires with its TTL")
+        finally:
+            if self.coordinator is not None:
+                await self.coordinator.close()
 
     # -- internals -------------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from jupyter_notebookos.coordination.client import EtcdTls
+from jupyter_notebookos.coordination.client import EtcdCredentials, EtcdTls
 from jupyter_notebookos.coordination.keys import DEFAULT_PREFIX
 from jupyter_notebookos.gpu.binding import HostGpu
 from jupyter_notebookos.replication import protocol as p
@@ -54,6 +54,7 @@ class ReplicaSettings:
     checkpoint_every: int = p.DEFAULT_CHECKPOINT_EVERY
     pod: str | None = None
     etcd_tls: EtcdTls | None = None
+    etcd_credentials: EtcdCredentials | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ReplicaSettings:
@@ -84,6 +85,7 @@ class ReplicaSettings:
             etcd_tls = EtcdTls.from_env(
                 env, p.ENV_ETCD_CA_CERT, p.ENV_ETCD_CERT, p.ENV_ETCD_KEY, p.ENV_ETCD_SERVER_NAME
             )
+            etcd_credentials = EtcdCredentials.from_env(env, p.ENV_ETCD_USER, p.ENV_ETCD_PASSWORD)
         except ValueError as exc:
             raise ReplicaConfigError(str(exc)) from None
         return cls(
@@ -103,4 +105,5 @@ class ReplicaSettings:
             checkpoint_every=_int(env, p.ENV_CHECKPOINT_EVERY, p.DEFAULT_CHECKPOINT_EVERY, 1),
             pod=env.get(p.ENV_POD_NAME, "").strip() or None,
             etcd_tls=etcd_tls,
+            etcd_credentials=etcd_credentials,
         )

@@ -23,7 +23,7 @@ from typing import Any
 
 from jupyter_notebookos.kernel.settings import INLINE_PAYLOAD_LIMIT
 from jupyter_notebookos.replication.digest import as_bytes_view, content_digest
-from jupyter_notebookos.replication.objectstore import BufferCorruptError, BufferRef, ObjectStore
+from jupyter_notebookos.replication.objectstore import BufferCorruptError, BufferMissingError, BufferRef, ObjectStore
 from jupyter_notebookos.replication.protocol import CheckpointPointer, LogRecord
 from jupyter_notebookos.replication.serialization import StateRecord, encode_values
 from jupyter_notebookos.replication.state import StateDelta
@@ -168,9 +168,29 @@ class StateLog:
         """Upload a pickled namespace as the checkpoint for log record ``seq``; returns its pointer."""
         refs = tuple(self.store.put_buffer(view) for view in pending.views)
         record = dataclasses.replace(pending.record, buffers=refs)
-        ref = self.store.put_checkpoint(seq, record.to_bytes())
-        return CheckpointPointer(seq=seq, ref=ref, objects=record.object_keys, replica_id=self.replica_id)
+        data = record.to_bytes()
+        ref = self.store.put_checkpoint(seq, data)
+        return CheckpointPointer(
+            seq=seq, ref=ref, objects=record.object_keys, replica_id=self.replica_id, digest=content_digest(data)
+        )
 
     def read_checkpoint(self, pointer: CheckpointPointer) -> StateRecord:
-        """The checkpoint a pointer names."""
-        return StateRecord.from_bytes(self.store.get_checkpoint(pointer.seq))
+        """The checkpoint a pointer names: exactly its ``ref``, refused unless it matches its digest (never
+        unpickled otherwise)."""
+        if not pointer.digest:
+            raise BufferCorruptError(
+                f"checkpoint {pointer.ref} has no digest in its pointer (written by an older NotebookOS): it cannot "
+                "be verified, so it is not restored"
+            )
+        try:
+            data = bytes(self.store.fs.cat_file(f"{self.store.root}/{pointer.ref}"))
+        except FileNotFoundError as exc:
+            raise BufferMissingError(
+                f"checkpoint {pointer.ref} is missing from the object store {self.store.url}"
+            ) from exc
+        if content_digest(data) != pointer.digest:
+            raise BufferCorruptError(
+                f"checkpoint {pointer.ref} in {self.store.url} does not match its digest: it was changed or damaged "
+                "in the store, and is refused"
+            )
+        return StateRecord.from_bytes(data)

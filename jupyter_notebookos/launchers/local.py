@@ -10,20 +10,30 @@ replacement or a migration hands one its assignment (environment, log file) on i
 starting an interpreter, which halves a replica's start-up time. A warm process is used only when the
 variables that matter at interpreter start-up (``PYTHON*``, ``LD_*``, thread-pool sizes) are the ones the
 replica would have been started with.
+
+**Kernels run as their own OS users** (``kernel_users``, on by default when the gateway runs as root): every
+replica of a kernel runs under a uid of that kernel alone, allocated here and recorded beside its pid files. Its
+home and, for a ``file://`` object store, its store directory are that uid's, mode 0700. So code in one kernel
+cannot read another kernel's files, environment (its etcd password) or memory, nor the gateway's state dir. The
+replica process takes the uid itself (``NOTEBOOKOS_KERNEL_UID``, :mod:`jupyter_notebookos.kernel.sandbox`) before
+any user code runs: a warm process when it receives its assignment.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 import psutil
-from traitlets import Float, Int, Unicode, default
+from traitlets import Enum, Float, Int, Unicode, default
 
 from jupyter_notebookos.launchers.base import (
     Launcher,
@@ -33,7 +43,13 @@ from jupyter_notebookos.launchers.base import (
     ReplicaSpec,
     ReplicaStatus,
 )
-from jupyter_notebookos.replication.protocol import ENV_HOST, ENV_KERNEL_ID, ENV_REPLICA_ID
+from jupyter_notebookos.replication.protocol import (
+    ENV_HOST,
+    ENV_KERNEL_ID,
+    ENV_KERNEL_UID,
+    ENV_OBJECT_STORE_URL,
+    ENV_REPLICA_ID,
+)
 
 #: Environment variables that take effect when the interpreter starts, so a warm process must have them.
 STARTUP_PREFIXES = ("PYTHON", "LD_", "OPENBLAS_", "OMP_", "MKL_")
@@ -43,6 +59,23 @@ WARM_FLAG = "--warm"
 def startup_env(env: dict[str, str]) -> dict[str, str]:
     """The part of an environment that a process must have had from its start."""
     return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES) and k != "PYTHONUNBUFFERED"}
+
+
+def unreachable_for_others(path: str | Path, *, read: bool = True) -> str | None:
+    """The first directory on the way to ``path`` that users other than its owner cannot pass (no o+x), or
+    the path itself when they cannot read it (``read``); None when any user can reach (and read) it."""
+    real = Path(os.path.realpath(path))
+    for parent in reversed(real.parents):
+        with contextlib.suppress(OSError):
+            if not parent.stat().st_mode & stat.S_IXOTH:
+                return str(parent)
+    if not read:
+        return None
+    try:
+        mode = real.stat().st_mode
+    except OSError:
+        return str(real)
+    return None if mode & stat.S_IROTH else str(real)
 
 
 class LocalLauncher(Launcher):
@@ -69,8 +102,29 @@ class LocalLauncher(Launcher):
         "start faster (each costs about 100 MB of memory while it waits). 0 disables the pool.",
     )
 
+    kernel_users = Enum(
+        ["auto", "on", "off"],
+        "auto",
+        config=True,
+        help="Run each kernel's replicas as an OS user of that kernel alone (needs root). 'auto': when the "
+        "gateway runs as root and the Python environment is readable by other users; 'on': always, or refuse "
+        "to start kernels; 'off': replicas run as the gateway's user, and kernels are not isolated from each "
+        "other or from the gateway's files.",
+    )
+
+    kernel_uid_base = Int(
+        1_500_000_000,
+        config=True,
+        help="First uid (and gid) of the per-kernel OS users; each kernel takes one from this range.",
+    )
+
+    kernel_uid_count = Int(
+        1_000_000, config=True, help="How many uids the per-kernel OS users may take from kernel_uid_base."
+    )
+
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)
+        self._isolation: str | None = None  # why kernels are not isolated ("" once checked and isolated)
         self._children: dict[tuple[str, str], subprocess.Popen[bytes]] = {}
         self._pool: list[tuple[dict[str, str], subprocess.Popen[bytes]]] = []
 
@@ -81,12 +135,120 @@ class LocalLauncher(Launcher):
     def _pid_path(self, kernel_id: str, replica_id: str) -> Path:
         return Path(self.log_dir) / kernel_id / f"{replica_id}.pid"
 
+    # -- per-kernel OS users ------------------------------------------------------------------------------
+
+    def isolation(self) -> str:
+        """ "" when kernels run as their own OS users; otherwise why not (for logs and the kernel view)."""
+        if self._isolation is None:
+            reason = ""
+            if self.kernel_users == "off":
+                reason = "kernel_users is off"
+            elif os.geteuid() != 0:
+                reason = "the gateway does not run as root"
+            else:
+                state_dir = Path(self.log_dir).resolve().parent
+                blocked = unreachable_for_others(state_dir, read=False)
+                if blocked is not None:
+                    reason = f"{blocked} cannot be passed by other users (on the way to the state dir {state_dir})"
+                else:
+                    # Whether a replica can take a user here (and still read its Python): try it once.
+                    probe = subprocess.run(
+                        [self.python, "-m", "jupyter_notebookos.kernel.sandbox"],
+                        capture_output=True,
+                        text=True,
+                        timeout=30,
+                        env={"PATH": os.environ.get("PATH", ""), **startup_env(dict(os.environ))},
+                    )
+                    if probe.returncode != 0:
+                        reason = f"a replica could not take an unprivileged user: {probe.stderr.strip()[-300:]}"
+            if reason and self.kernel_users == "on":
+                raise LaunchError(
+                    f"kernel_users is 'on' but kernels cannot run as their own users: {reason}. Run the gateway "
+                    "as root from a Python environment every user can read, or set LocalLauncher.kernel_users."
+                )
+            if reason:
+                self.log.warning("kernels are NOT isolated from each other: %s", reason)
+            self._isolation = reason
+        return self._isolation
+
+    def kernel_uid(self, kernel_id: str) -> int:
+        """The uid of a kernel's replicas: recorded beside its pid files, else a free one chosen now."""
+        record = Path(self.log_dir) / kernel_id / "uid"
+        with contextlib.suppress(OSError, ValueError):
+            return int(record.read_text())
+        taken = set()
+        for other in Path(self.log_dir).glob("*/uid"):
+            with contextlib.suppress(OSError, ValueError):
+                taken.add(int(other.read_text()))
+        start = int(hashlib.sha256(kernel_id.encode()).hexdigest(), 16) % self.kernel_uid_count
+        for step in range(self.kernel_uid_count):
+            uid = self.kernel_uid_base + (start + step) % self.kernel_uid_count
+            if uid not in taken:
+                break
+        else:
+            raise LaunchError(f"no free uid left for kernel {kernel_id} (LocalLauncher.kernel_uid_count)")
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(str(uid))
+        return uid
+
+    def kernel_home(self, kernel_id: str) -> Path:
+        """The private home directory of a kernel's replicas (when they run as its own user)."""
+        return Path(self.log_dir).resolve().parent / "kernels" / kernel_id
+
+    def _prepare_kernel_dirs(self, kernel_id: str, uid: int, env: dict[str, str]) -> None:
+        """The kernel's home and local object-store directory: owned by its uid, mode 0700, reachable."""
+        dirs = [self.kernel_home(kernel_id)]
+        store = urlparse(env.get(ENV_OBJECT_STORE_URL, ""))
+        if store.scheme in ("", "file") and store.path:
+            dirs.append(Path(store.path))
+        state_dir = Path(self.log_dir).resolve().parent
+        for directory in dirs:
+            directory.mkdir(parents=True, exist_ok=True)
+            os.chown(directory, uid, uid)
+            directory.chmod(0o700)
+            # Its parents inside the state dir must let the kernel's user pass (not list): o+x.
+            for parent in directory.resolve().parents:
+                if parent != state_dir and state_dir not in parent.parents:
+                    break
+                mode = parent.stat().st_mode
+                if not mode & stat.S_IXOTH:
+                    parent.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+            blocked = unreachable_for_others(directory, read=False)
+            if blocked is not None:
+                raise LaunchError(
+                    f"kernel {kernel_id} runs as its own user but cannot reach its directory {directory}: {blocked} "
+                    "has no search permission for other users. Put the object store under the state dir, or allow "
+                    "search (chmod o+x) on that directory."
+                )
+
+    def forget_kernel(self, kernel_id: str) -> None:
+        """Remove what this launcher kept for a stopped kernel (its home, its uid record, its logs)."""
+        import shutil
+
+        shutil.rmtree(self.kernel_home(kernel_id), ignore_errors=True)
+        shutil.rmtree(Path(self.log_dir) / kernel_id, ignore_errors=True)
+
     async def start_replica(self, spec: ReplicaSpec) -> ReplicaHandle:
         log_path = self.log_path(spec.kernel_id, spec.replica_id)
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.parent.chmod(0o700)
         env = {k: str(v) for k, v in spec.env.items()}
+        env.update({k: str(v) for k, v in spec.secret_env.items()})
         env.update({ENV_KERNEL_ID: spec.kernel_id, ENV_REPLICA_ID: spec.replica_id, ENV_HOST: spec.host})
         env.setdefault("PYTHONUNBUFFERED", "1")
+        uid: int | None = None
+        if not self.isolation():
+            uid = self.kernel_uid(spec.kernel_id)
+            self._prepare_kernel_dirs(spec.kernel_id, uid, env)
+            home = str(self.kernel_home(spec.kernel_id))
+            env.update(
+                {
+                    "HOME": home,
+                    "USER": f"kernel-{uid}",
+                    "MPLCONFIGDIR": f"{home}/.matplotlib",
+                    ENV_KERNEL_UID: str(uid),
+                }
+            )
         cwd = env.get("KERNEL_WORKING_DIR") or None
         child = self._assign_warm(env, log_path, cwd)
         try:
@@ -258,4 +420,3 @@ class LocalLauncher(Launcher):
             return int(record["pid"]) == process.pid and abs(float(record["created"]) - process.create_time()) < 0.01
         except (OSError, ValueError, KeyError, psutil.Error):
             return False
-

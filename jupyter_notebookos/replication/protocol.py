@@ -76,6 +76,11 @@ ENV_ETCD_CA_CERT = "NOTEBOOKOS_ETCD_CA_CERT"
 ENV_ETCD_CERT = "NOTEBOOKOS_ETCD_CERT"
 ENV_ETCD_KEY = "NOTEBOOKOS_ETCD_KEY"
 ENV_ETCD_SERVER_NAME = "NOTEBOOKOS_ETCD_SERVER_NAME"  # name checked against etcd's certificate (optional)
+# etcd auth: the kernel's own etcd user and password (the gateway creates them per kernel; never the admin's).
+ENV_ETCD_USER = "NOTEBOOKOS_ETCD_USER"
+# The OS user a replica takes before running the kernel's code (local launcher as root; see kernel.sandbox).
+ENV_KERNEL_UID = "NOTEBOOKOS_KERNEL_UID"
+ENV_ETCD_PASSWORD = "NOTEBOOKOS_ETCD_PASSWORD"
 
 DEFAULT_LEASE_TTL = 5
 #: The seq of a kernel's first log record. ``applied_seq == FIRST_SEQ - 1`` means nothing applied yet (a new
@@ -173,6 +178,8 @@ class CheckpointPointer:
     ref: str  # object-store key of the serialized namespace
     objects: list[str] = field(default_factory=list)
     replica_id: str = ""
+    # Content digest of the serialized namespace: a restore reads exactly ``ref`` and refuses other bytes.
+    digest: str = ""
 
     def to_json(self) -> str:
         return _dumps(self)

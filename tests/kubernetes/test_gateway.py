@@ -215,7 +215,7 @@ async def test_kernel_start_creates_three_anti_affine_pods_with_the_replica_prot
         assert env[protocol.ENV_HOST] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
         assert env[protocol.ENV_ETCD_ENDPOINTS] == ",".join(gateway.platform.etcd_endpoints)
         assert env[protocol.ENV_ETCD_PREFIX] == gateway.platform.etcd_prefix
-        assert env[protocol.ENV_OBJECT_STORE_URL] == "s3://notebookos-store/objects"
+        assert env[protocol.ENV_OBJECT_STORE_URL] == f"s3://notebookos-store/objects/kernels/{KERNEL}"  # its own prefix
         assert env[protocol.ENV_KEY] == "0123456789abcdef"
         assert "NOTEBOOKOS_STATE_DIR" not in env  # the gateway's own directory means nothing in a pod
         devices = json.loads(env[protocol.ENV_GPU_DEVICES])

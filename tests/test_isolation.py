@@ -1,0 +1,237 @@
+"""Many users, one platform: what one kernel's code can reach of another kernel's (nothing).
+
+Real etcd with auth on, the real gateway, real replica processes. The attacks run as cells of kernel B, with
+nothing but what B's replica process holds (its environment, the package's own etcd client, the filesystem).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import Platform, start_platform, stop_platform, wait_for
+
+from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
+
+KERNEL = "python3-notebookos"
+
+
+# Where replicas can run as their kernels' own users: as root, where a process may take an unprivileged user and
+# still read its Python (the launcher asks the same probe).
+def _isolation_blocked() -> str:
+    if os.geteuid() != 0:
+        return "the tests do not run as root"
+    probe = subprocess.run(
+        [sys.executable, "-m", "jupyter_notebookos.kernel.sandbox"], capture_output=True, text=True, timeout=60
+    )
+    return probe.stderr.strip() or f"exit {probe.returncode}" if probe.returncode else ""
+
+
+ISOLATION_BLOCKED = _isolation_blocked()
+
+
+@pytest.fixture(scope="module")
+def platform() -> Iterator[Platform]:
+    # Under /tmp (every user may pass), not pytest's 0700 temporary root: kernels reach their own directories.
+    base = Path(tempfile.mkdtemp(prefix="notebookos-isolation-", dir="/tmp"))
+    base.chmod(0o711)
+    up = start_platform(base / "state", "--hosts", "4", "--gpus-per-host", "2")
+    try:
+        yield up
+    finally:
+        stop_platform(up)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def two_kernels(platform: Platform) -> Iterator[tuple[GatewayClient, str, str]]:
+    client = platform.client
+    a, b = client.start_kernel(KERNEL), client.start_kernel(KERNEL)
+    try:
+        yield client, a, b
+    finally:
+        for kernel_id in (a, b):
+            with contextlib.suppress(GatewayError):
+                client.shutdown_kernel(kernel_id)
+
+
+def _json_cell(conn: KernelConnection, code: str) -> dict:
+    result = conn.execute(code + "\nimport json as _json\nprint(_json.dumps(_out))", timeout=60)
+    assert result.status == "ok", result.reply["content"]
+    return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+ETCD_ATTACK = """
+import asyncio, concurrent.futures, os
+from jupyter_notebookos.coordination.client import Coordinator, EtcdCredentials
+from jupyter_notebookos.coordination.txn import Op
+
+async def _attack(victim):
+    co = await Coordinator.connect(
+        os.environ["NOTEBOOKOS_ETCD_ENDPOINTS"].split(","), prefix=os.environ["NOTEBOOKOS_ETCD_PREFIX"],
+        credentials=EtcdCredentials(os.environ["NOTEBOOKOS_ETCD_USER"], os.environ["NOTEBOOKOS_ETCD_PASSWORD"]),
+    )
+    keys, out = co.keys, {}
+    attempts = {
+        "read the victim's record": co.get(keys.kernel(victim)),
+        "read the victim's log": co.get_prefix(keys.log_prefix(victim)),
+        "write the victim's log": co.put(keys.log_record(victim, 10**6), "x"),
+        "write the victim's log in a txn": co.txn([], [Op.put(keys.log_record(victim, 10**6 + 1), "x")]),
+        "delete the victim's keys": co.delete_prefix(keys.kernel_prefix(victim)),
+        "list every kernel": co.get_prefix(keys.kernels_prefix(), keys_only=True),
+        "read the GPU ledger": co.get_prefix(keys.gpus_prefix()),
+        "read its own log": co.get_prefix(keys.log_prefix(os.environ["NOTEBOOKOS_KERNEL_ID"])),
+    }
+    for name, attempt in attempts.items():
+        try:
+            await attempt
+            out[name] = "allowed"
+        except Exception as exc:
+            out[name] = type(exc).__name__
+    await co.close()
+    return out
+
+_out = concurrent.futures.ThreadPoolExecutor(1).submit(asyncio.run, _attack(VICTIM)).result()
+_out["credentials"] = sorted(k for k in os.environ if "PASSWORD" in k or "TOKEN" in k)
+_out["etcd user"] = os.environ["NOTEBOOKOS_ETCD_USER"]
+"""
+
+
+def test_a_kernel_cannot_read_or_write_another_kernels_etcd_keys(two_kernels: tuple[GatewayClient, str, str]) -> None:
+    client, a, b = two_kernels
+    with client.connect(a) as conn_a, client.connect(b) as conn_b:
+        assert conn_a.execute("secret = 'only A knows'").status == "ok"
+        seen = _json_cell(conn_b, ETCD_ATTACK.replace("VICTIM", repr(a)))
+        denied = {k: v for k, v in seen.items() if k.startswith(("read the", "write the", "delete", "list"))}
+        assert denied and set(denied.values()) == {"PermissionDenied"}, seen
+        assert seen["read its own log"] == "allowed"
+        # B holds its own kernel's etcd identity, and no other credential (no gateway token, no admin password).
+        assert seen["etcd user"].endswith(b) and seen["credentials"] == ["NOTEBOOKOS_ETCD_PASSWORD"]
+        # A is unaffected.
+        after = conn_a.execute("secret")
+        assert after.status == "ok" and after.result_text() == "'only A knows'"
+
+
+FILE_ATTACK = """
+import os
+_out = {"uid": os.getuid()}
+for _name, _path in PATHS.items():
+    try:
+        if os.path.isdir(_path):
+            os.listdir(_path)
+        else:
+            open(_path, "rb").read(1)
+        _out[_name] = "allowed"
+    except OSError as exc:
+        _out[_name] = type(exc).__name__
+"""
+
+
+@pytest.mark.skipif(bool(ISOLATION_BLOCKED), reason=f"kernels cannot run as their own users here: {ISOLATION_BLOCKED}")
+def test_a_kernel_cannot_read_another_kernels_files_environment_or_the_gateways_state(
+    platform: Platform, two_kernels: tuple[GatewayClient, str, str]
+) -> None:
+    client, a, b = two_kernels
+    state = platform.state_dir
+    with client.connect(a) as conn_a, client.connect(b) as conn_b:
+        # A big array: its buffer lands in A's object-store directory.
+        assert conn_a.execute("import numpy as np\nbig = np.ones(1 << 19)").status == "ok"
+        victim_pid = client.notebookos_kernel(a)["replicas"][0]["pid"]
+        store = state / "objects" / "kernels"
+        wait_for(lambda: any((store / a).rglob("*")) if (store / a).exists() else False, 30, "A's objects")
+        paths = {
+            "list every kernel's objects": str(store),
+            "list A's objects": str(store / a),
+            "read A's replica's environment": f"/proc/{victim_pid}/environ",
+            "read etcd's root password": str(state / "etcd-root-password"),
+            "read the gateway's runtime file": str(state / "runtime.json"),
+            "list the gateway's state dir": str(state),
+            "read its own objects": str(store / b),
+        }
+        seen = _json_cell(conn_b, FILE_ATTACK.replace("PATHS", repr(paths)))
+        uid_a = _json_cell(conn_a, "import os\n_out = {'uid': os.getuid()}")["uid"]
+        assert seen["uid"] != 0 and uid_a != 0 and seen["uid"] != uid_a, (seen, uid_a)
+        refused = {k: v for k, v in seen.items() if k not in ("uid", "read its own objects")}
+        assert set(refused.values()) == {"PermissionError"}, seen
+        assert seen["read its own objects"] == "allowed"
+        assert conn_a.execute("float(big.sum())").result_text() == str(float(1 << 19))
+
+
+def _ready(client: GatewayClient, kernel_id: str) -> list[dict]:
+    return [r for r in client.notebookos_kernel(kernel_id)["replicas"] if r["state"] == "ready"]
+
+
+def _replace_a_follower(client: GatewayClient, kernel_id: str) -> str:
+    """SIGKILL a follower and wait for its replacement; returns the new replica's id."""
+    info = client.notebookos_kernel(kernel_id)
+    follower = next(r for r in info["replicas"] if r["replica_id"] != info["executor"])
+    before = {r["replica_id"] for r in info["replicas"]}
+    os.kill(follower["pid"], signal.SIGKILL)
+
+    def replaced() -> str | None:
+        ready = _ready(client, kernel_id)
+        new = {r["replica_id"] for r in ready} - before
+        return next(iter(new)) if len(ready) == 3 and new else None
+
+    return wait_for(replaced, 90, f"a replacement replica of kernel {kernel_id}")  # type: ignore[no-any-return]
+
+
+def test_two_kernels_past_their_first_checkpoint_each_restore_their_own_state(
+    platform: Platform, two_kernels: tuple[GatewayClient, str, str]
+) -> None:
+    client, a, b = two_kernels
+    with client.connect(a) as conn_a, client.connect(b) as conn_b:
+        for i in range(40):  # past the first checkpoint (every 32 records)
+            assert conn_a.execute(f"owner = 'A'\nn = {i}").status == "ok"
+            assert conn_b.execute(f"owner = 'B'\nn = {i + 100}").status == "ok"
+        for kernel_id in (a, b):
+            checkpoints = platform.state_dir / "objects" / "kernels" / kernel_id / "checkpoints"
+            wait_for(lambda c=checkpoints: c.exists() and any(c.iterdir()), 30, f"{kernel_id}'s first checkpoint")
+        for kernel_id, conn, expected in ((a, conn_a, "('A', 39)"), (b, conn_b, "('B', 139)")):
+            replica = _replace_a_follower(client, kernel_id)
+            msg_id = conn.send(
+                "shell",
+                "execute_request",
+                {"code": "owner, n", "silent": False},
+                metadata={"notebookos": {"replica": replica}},
+            )
+            reply = conn.reply(msg_id, 60)
+            assert reply["content"]["status"] == "ok" and reply["metadata"]["notebookos"]["replica"] == replica
+            assert conn.execute("owner, n").result_text() == expected
+
+
+def test_a_tampered_checkpoint_is_refused_and_the_kernel_keeps_serving(
+    platform: Platform, two_kernels: tuple[GatewayClient, str, str]
+) -> None:
+    client, a, _ = two_kernels
+    with client.connect(a) as conn:
+        checkpoints = platform.state_dir / "objects" / "kernels" / a / "checkpoints"
+        # Cells until the first checkpoint is written (the executor checkpoints once the followers caught up).
+        for last in range(100):
+            assert conn.execute(f"value = {last}").status == "ok"
+            if last >= 32 and checkpoints.exists() and any(checkpoints.glob("*.ckpt")):
+                break
+        files = wait_for(lambda: sorted(checkpoints.glob("*.ckpt")), 30, "a checkpoint")
+        for path in files:
+            path.write_bytes(path.read_bytes()[:-8] + b"tampered")
+        info = client.notebookos_kernel(a)
+        follower = next(r for r in info["replicas"] if r["replica_id"] != info["executor"])
+        os.kill(follower["pid"], signal.SIGKILL)
+        log_dir = platform.state_dir / "replicas" / a
+
+        def refused() -> bool:
+            return any("does not match its digest" in p.read_text(errors="replace") for p in log_dir.glob("*.log"))
+
+        wait_for(refused, 60, "a replacement replica to refuse the tampered checkpoint")
+        # The kernel goes on from the state its live replicas verified.
+        result = conn.execute("value")
+        assert result.status == "ok" and result.result_text() == str(last)
