@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import psutil
 from enterprise_gateway.mixins import CORSMixin, JSONErrorsMixin
 from jupyter_server.base.handlers import APIHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -61,7 +62,28 @@ class KernelHandler(_NotebookOSHandler):
             raise web.HTTPError(404, f"no NotebookOS kernel {kernel_id}")
         summary = self.platform.kernel_summary(kernel_id)
         summary["owner"] = kernel_owner(self.settings, kernel_id) or None  # None: the admin's
+        add_memory(summary)
         self.write_json(summary)
+
+
+def add_memory(summary: dict[str, Any]) -> None:
+    """What the kernel costs while idle: each replica's resident memory (``memory_bytes``) and their sum.
+
+    An idle NotebookOS kernel holds no GPU (GPUs are bound only while a cell runs), so its replicas' memory is its
+    cost, and what an idle-culling timeout weighs. Known for replicas that are processes of this machine (the
+    embedded mode); ``None`` for pods, whose memory the gateway does not see (the cluster's metrics do).
+    """
+    total: int | None = None
+    for replica in summary["replicas"]:
+        replica["memory_bytes"] = None
+        if replica.get("pod") or not replica.get("pid"):
+            continue
+        try:
+            replica["memory_bytes"] = int(psutil.Process(replica["pid"]).memory_info().rss)
+        except psutil.Error:
+            continue
+        total = (total or 0) + replica["memory_bytes"]
+    summary["memory_bytes"] = total
 
 
 class MigrateHandler(_NotebookOSHandler):
