@@ -524,9 +524,12 @@ def test_tokens_jupyterhub_does_not_know_are_refused(hub: Hub, hub_up: Platform)
 
 
 def test_a_hub_that_is_down_fails_requests_clearly_and_is_asked_again(hub: Hub, hub_up: Platform) -> None:
-    fresh = hub.user_token("carol")
+    fresh, known = hub.user_token("carol"), hub.user_token("dave")
+    assert status(hub_up, "GET", "/api/kernels", known) == 200
     hub.stop()
     try:
+        # A token the Hub confirmed within hub_cache_seconds keeps working; a new one cannot be checked.
+        assert status(hub_up, "GET", "/api/kernels", known) == 200
         began = time.monotonic()
         down = requests.get(hub_up.url + "/api/kernels", headers={"Authorization": f"token {fresh}"}, timeout=30)
         assert down.status_code == 503, down.text
@@ -537,3 +540,52 @@ def test_a_hub_that_is_down_fails_requests_clearly_and_is_asked_again(hub: Hub, 
     finally:
         hub.start()
     assert status(hub_up, "GET", "/api/kernels", fresh) == 200
+
+
+def test_a_hub_users_jupyter_server_reaches_only_that_users_kernels(hub: Hub, hub_up: Platform, tmp_path: Path) -> None:
+    """As JupyterHub deploys it: a single-user Jupyter server with --gateway-url and its user's own Hub token."""
+    lab_python = REPO / ".venv-lab" / "bin" / "python"
+    if not lab_python.exists():
+        pytest.skip(".venv-lab is missing (run the bootstrap)")
+    erin_token, frank = hub.user_token("erin"), GatewayClient(hub_up.url, hub.user_token("frank"))
+    port, server_token = free_port(), secrets.token_hex(16)
+    server = subprocess.Popen(
+        [
+            str(lab_python),
+            "-m",
+            "jupyter_server",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--IdentityProvider.token={server_token}",
+            f"--gateway-url={hub_up.url}",
+            f"--GatewayClient.auth_token={erin_token}",
+            f"--ServerApp.root_dir={tmp_path}",
+            "--allow-root",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        erin = GatewayClient(f"http://127.0.0.1:{port}", server_token)
+        wait_for(lambda: _answers(erin), 60, "the Jupyter server to answer")
+        kernel_id = erin.start_kernel(KERNEL)
+        with erin.connect(kernel_id) as conn:
+            assert conn.execute("import os\nos.environ['KERNEL_NOTEBOOKOS_OWNER']").result_text() == "'erin'"
+        assert hub_up.client.notebookos_kernel(kernel_id)["owner"] == "erin"
+        assert frank.request("GET", "/api/kernels") == []
+        with pytest.raises(GatewayError, match=REFUSED):
+            frank.request("POST", f"/api/kernels/{kernel_id}/interrupt")
+        erin.shutdown_kernel(kernel_id)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(20)
+
+
+def _answers(client: GatewayClient) -> bool:
+    try:
+        client.request("GET", "/api/status", timeout=2)
+    except (GatewayError, requests.RequestException):
+        return False
+    return True
