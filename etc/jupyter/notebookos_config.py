@@ -10,6 +10,14 @@ c = get_config()  # noqa: F821 - provided by traitlets when the file is loaded
 # c.NotebookOSGatewayApp.list_kernels = True        # or EG_LIST_KERNELS=True
 # c.NotebookOSGatewayApp.unauthorized_users = {"root"}  # EG refuses kernels for these KERNEL_USERNAMEs
 
+# --- Users, tokens and kernel ownership (docs/security.md) ----------------------------------------------------
+# c.NotebookOSGatewayApp.user_tokens_file = ""      # or NOTEBOOKOS_USER_TOKENS_FILE; {"<token>": "<user>"}, mode 0600
+# c.NotebookOSGatewayApp.hub_api_url = ""           # or NOTEBOOKOS_HUB_API_URL, e.g. "http://hub:8081/hub/api"
+# c.NotebookOSGatewayApp.hub_cache_seconds = 60.0   # a token the Hub confirmed is trusted this long
+# c.NotebookOSGatewayApp.hub_unknown_cache_seconds = 5.0
+# c.NotebookOSGatewayApp.hub_timeout = 5.0          # then 503: a Hub that is down never lets a request through
+# c.NotebookOSGatewayApp.metrics_token = ""         # or NOTEBOOKOS_METRICS_TOKEN; reads /metrics only (Prometheus)
+
 # --- etcd -------------------------------------------------------------------------------------------------
 # c.NotebookOSGatewayApp.etcd_endpoints = ["127.0.0.1:2379"]   # or NOTEBOOKOS_ETCD_ENDPOINTS=a:1,b:2
 # c.NotebookOSGatewayApp.etcd_prefix = "/notebookos"
