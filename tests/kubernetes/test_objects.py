@@ -11,10 +11,11 @@ from fakekube import IMAGE, NAMESPACE, FakeCluster, validate_strict
 from jupyter_notebookos.launchers.base import ReplicaSpec
 from jupyter_notebookos.launchers.kubernetes import objects
 from jupyter_notebookos.launchers.kubernetes.launcher import KubernetesLauncher
-from jupyter_notebookos.launchers.kubernetes.objects import InvalidKernelRequest
+from jupyter_notebookos.launchers.kubernetes.request import PodSettings, resolve_replica_request
+from jupyter_notebookos.launchers.kubernetes.validation import InvalidKernelRequest, check_dns1123_label
 
 KERNEL = "6f1c2a0e-5d0b-4c36-9f4e-2b9d0c1e7a11"
-SETTINGS = objects.PodSettings(
+SETTINGS = PodSettings(
     namespace=NAMESPACE,
     image=IMAGE,
     service_account="notebookos-replica",
@@ -45,7 +46,7 @@ def build(
     env: dict[str, str] | None = None, config: dict[str, Any] | None = None, node: str | None = "gpu-node-1"
 ) -> dict[str, Any]:
     replica = spec(env, config)
-    request = objects.resolve_replica_request(replica, SETTINGS)
+    request = resolve_replica_request(replica, SETTINGS)
     name = objects.replica_pod_name(KERNEL, "r1", "ab12cd")
     return objects.make_replica_pod(replica, request, SETTINGS, name=name, node=node)
 
@@ -154,7 +155,7 @@ def test_pod_names_are_valid_and_unique_per_incarnation() -> None:
     first = objects.replica_pod_name(KERNEL, "r1", "aaaaaa")
     again = objects.replica_pod_name(KERNEL, "r1", "bbbbbb")
     assert first != again and len(first) <= 63
-    objects.check_dns1123_label("pod name", first)
+    check_dns1123_label("pod name", first)
     long_name = objects.replica_pod_name("K" * 80, "Replica_1", "abc123")
     assert len(long_name) <= 63 and long_name.endswith("-abc123")
 
@@ -207,9 +208,9 @@ def test_bad_kernel_values_are_rejected_with_a_message_naming_them(
 
 
 def test_no_image_anywhere_says_where_to_configure_one() -> None:
-    settings = objects.PodSettings(namespace=NAMESPACE)
+    settings = PodSettings(namespace=NAMESPACE)
     with pytest.raises(InvalidKernelRequest, match=r"image_name.*KERNEL_IMAGE.*KubernetesLauncher\.image"):
-        objects.resolve_replica_request(spec(), settings)
+        resolve_replica_request(spec(), settings)
 
 
 @pytest.mark.asyncio

@@ -33,6 +33,7 @@ from jupyter_notebookos.launchers.base import (
 )
 from jupyter_notebookos.launchers.kubernetes import objects, status
 from jupyter_notebookos.launchers.kubernetes.reflector import Reflector, object_key
+from jupyter_notebookos.launchers.kubernetes.request import PodSettings, resolve_replica_request
 
 _SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 _EVENTS_KEPT_PER_POD = 20
@@ -210,9 +211,9 @@ class KubernetesLauncher(Launcher):
 
     # --- settings -------------------------------------------------------------------------------------------
 
-    def pod_settings(self) -> objects.PodSettings:
+    def pod_settings(self) -> PodSettings:
         """The traitlets as the pure builders' settings."""
-        return objects.PodSettings(
+        return PodSettings(
             namespace=self.namespace,
             image=self.image,
             service_account=self.service_account,
@@ -242,7 +243,7 @@ class KubernetesLauncher(Launcher):
     def build_pod(self, spec: ReplicaSpec, *, suffix: str | None = None) -> dict[str, Any]:
         """Validate ``spec`` and build its pod (no API call); raises ``InvalidKernelRequest`` on bad input."""
         settings = self.pod_settings()
-        request = objects.resolve_replica_request(spec, settings)
+        request = resolve_replica_request(spec, settings)
         name = objects.replica_pod_name(spec.kernel_id, spec.replica_id, suffix or secrets.token_hex(3))
         node = spec.host if self.pin_to_host and spec.host else None
         return objects.make_replica_pod(spec, request, settings, name=name, node=node)
@@ -355,7 +356,7 @@ class KubernetesLauncher(Launcher):
         """
         pod = self.build_pod(spec)
         settings = self.pod_settings()
-        timeout = objects.resolve_replica_request(spec, settings).launch_timeout
+        timeout = resolve_replica_request(spec, settings).launch_timeout
         namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         key = f"{namespace}/{name}"
         await self.start()
