@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime
 import itertools
 import json
 import queue
@@ -104,7 +105,13 @@ class FakeCluster:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.objects: dict[str, dict[str, dict[str, Any]]] = {"pods": {}, "events": {}, "nodes": {}}
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {
+            "pods": {},
+            "events": {},
+            "nodes": {},
+            "secrets": {},
+            "configmaps": {},
+        }
         self.priority_classes: dict[str, dict[str, Any]] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.streams: list[_Stream] = []
@@ -112,6 +119,7 @@ class FakeCluster:
         self.last_version = 99
         # (version, resource, type, object): lets a watch resume from a listing's resourceVersion.
         self.history: list[tuple[int, str, str, dict[str, Any]]] = []
+        self.clock_offset = 0.0
         self.core = FakeCoreV1Api(self)
         self.scheduling = FakeSchedulingV1Api(self)
 
@@ -153,6 +161,39 @@ class FakeCluster:
             return {"items": items, "metadata": {"resourceVersion": str(self.last_version)}}
 
     # --- what the cluster does (test helpers) -----------------------------------------------------------------
+
+    def now(self) -> str:
+        """The API server's clock, as creationTimestamp has it (tests move it with ``age``)."""
+        moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=self.clock_offset)
+        return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def age(self, seconds: float) -> None:
+        """Make every object created so far ``seconds`` older."""
+        with self.lock:
+            for objects in self.objects.values():
+                for obj in objects.values():
+                    meta = obj.get("metadata") or {}
+                    if "creationTimestamp" in meta:
+                        created = datetime.datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
+                        moved = created - datetime.timedelta(seconds=seconds)
+                        meta["creationTimestamp"] = moved.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def add_config_map(self, namespace: str, name: str) -> dict[str, Any]:
+        """A ConfigMap (the chart's owner object), with a uid as the API server gives it."""
+        config_map = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{next(self.version)}"},
+        }
+        return self.put("configmaps", config_map, "ADDED")
+
+    def secrets(self, selector: str | None = None) -> list[dict[str, Any]]:
+        with self.lock:
+            return [
+                copy.deepcopy(s)
+                for s in self.objects["secrets"].values()
+                if matches_labels(selector, s["metadata"].get("labels") or {})
+            ]
 
     def pod(self, namespace: str, name: str) -> dict[str, Any]:
         with self.lock:
@@ -278,8 +319,43 @@ class FakeCoreV1Api:
             raise _api_error(409, f'pods "{body["metadata"]["name"]}" already exists')
         pod = copy.deepcopy(body)
         pod["metadata"]["uid"] = f"uid-{next(self.cluster.version)}"
+        pod["metadata"]["creationTimestamp"] = self.cluster.now()
         pod["status"] = {"phase": "Pending"}
         return self.cluster.put("pods", pod, "ADDED")
+
+    def create_namespaced_secret(self, namespace: str, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        self.cluster.record("create_namespaced_secret", namespace=namespace, body=copy.deepcopy(body))
+        if f"{namespace}/{body['metadata']['name']}" in self.cluster.objects["secrets"]:
+            raise _api_error(409, f'secrets "{body["metadata"]["name"]}" already exists')
+        secret = copy.deepcopy(body)
+        secret["metadata"].update(uid=f"uid-{next(self.cluster.version)}", creationTimestamp=self.cluster.now())
+        return self.cluster.put("secrets", secret, "ADDED")
+
+    def replace_namespaced_secret(self, name: str, namespace: str, body: dict[str, Any], **kw: Any) -> dict:
+        self.cluster.record("replace_namespaced_secret", name=name, namespace=namespace, body=copy.deepcopy(body))
+        if f"{namespace}/{name}" not in self.cluster.objects["secrets"]:
+            raise _api_error(404, f'secrets "{name}" not found')
+        secret = copy.deepcopy(body)
+        secret["metadata"]["creationTimestamp"] = self.cluster.now()
+        return self.cluster.put("secrets", secret, "MODIFIED")
+
+    def delete_namespaced_secret(self, name: str, namespace: str, **kw: Any) -> dict[str, Any]:
+        self.cluster.record("delete_namespaced_secret", name=name, namespace=namespace)
+        secret = self.cluster.objects["secrets"].get(f"{namespace}/{name}")
+        if secret is None:
+            raise _api_error(404, f'secrets "{name}" not found')
+        return self.cluster.put("secrets", secret, "DELETED")
+
+    def list_namespaced_secret(self, namespace: str, label_selector: str | None = None, **kw: Any) -> dict:
+        self.cluster.record("list_namespaced_secret", namespace=namespace, label_selector=label_selector)
+        return self.cluster.listing("secrets", namespace, label_selector, None)
+
+    def read_namespaced_config_map(self, name: str, namespace: str, **kw: Any) -> dict[str, Any]:
+        self.cluster.record("read_namespaced_config_map", name=name, namespace=namespace)
+        found = self.cluster.objects["configmaps"].get(f"{namespace}/{name}")
+        if found is None:
+            raise _api_error(404, f'configmaps "{name}" not found')
+        return copy.deepcopy(found)
 
     def read_namespaced_pod(self, name: str, namespace: str, **kw: Any) -> dict[str, Any]:
         self.cluster.record("read_namespaced_pod", name=name, namespace=namespace)

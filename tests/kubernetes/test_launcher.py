@@ -90,7 +90,7 @@ async def test_unschedulable_condition_fails_fast_but_a_triggered_scale_up_is_wa
 async def test_image_pull_failure_fails_the_launch_fast(
     cluster: FakeCluster, make_launcher: Callable[..., KubernetesLauncher]
 ) -> None:
-    launcher = make_launcher()
+    launcher = make_launcher(allowed_images=["registry.example.com/*"])
     launch = asyncio.create_task(launcher.start_replica(spec(KERNEL_IMAGE="registry.example.com/no/such:tag")))
     name = await created_pod(cluster)
     cluster.set_pod_status(

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from fakekube import IMAGE, NAMESPACE, FakeCluster, validate_strict
 
+from jupyter_notebookos.gateway.access import kernel_store_url
 from jupyter_notebookos.launchers.base import ReplicaSpec
 from jupyter_notebookos.launchers.kubernetes import objects
 from jupyter_notebookos.launchers.kubernetes.launcher import KubernetesLauncher
@@ -26,6 +27,7 @@ SETTINGS = PodSettings(
     object_store_url="file:///mnt/notebookos-store",
     object_store_claim="notebookos-object-store",
     image_pull_secrets=("regcred",),
+    allowed_images=("ghcr.io/alice/*",),
 )
 
 
@@ -117,7 +119,8 @@ def test_replica_runs_the_notebookos_kernel_with_its_identity_and_cluster_addres
     assert env["NOTEBOOKOS_ADVERTISE_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["NOTEBOOKOS_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["NOTEBOOKOS_ETCD_ENDPOINTS"] == "etcd-0:2379,etcd-1:2379,etcd-2:2379"
-    assert env["NOTEBOOKOS_OBJECT_STORE_URL"] == "file:///mnt/notebookos-store"
+    # The kernel's own prefix of the store, as the gateway names it.
+    assert env["NOTEBOOKOS_OBJECT_STORE_URL"] == kernel_store_url("file:///mnt/notebookos-store", KERNEL)
     assert env["KERNEL_USERNAME"] == "alice"  # EG's KERNEL_* pass through
     assert "KERNEL_VOLUMES" not in env  # consumed as structure
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
@@ -126,7 +129,13 @@ def test_replica_runs_the_notebookos_kernel_with_its_identity_and_cluster_addres
         "notebookos-object-store": "/mnt/notebookos-store",
         "notebookos-etcd-tls": "/etc/notebookos/etcd-tls",
     }
-    assert pod["spec"]["securityContext"] == {"fsGroup": 100, "runAsUser": 1000, "runAsGroup": 100}
+    assert pod["spec"]["securityContext"] == {
+        "fsGroup": 100,
+        "runAsUser": 1000,
+        "runAsGroup": 100,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert container["workingDir"] == "/home/jovyan/work"
 
 

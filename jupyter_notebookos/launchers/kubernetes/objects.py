@@ -40,6 +40,7 @@ from jupyter_notebookos.replication import protocol
 COMPONENT_LABEL = "component"
 REPLICA_COMPONENT = "notebookos-replica"
 PLACEHOLDER_COMPONENT = "notebookos-placeholder"
+SECRET_COMPONENT = "notebookos-kernel-credentials"
 KERNEL_ID_LABEL = "kernel_id"
 REPLICA_ID_LABEL = "replica_id"
 APP_NAME = "notebookos"
@@ -49,6 +50,9 @@ HOSTNAME_TOPOLOGY_KEY = "kubernetes.io/hostname"
 GPU_RESOURCE = "nvidia.com/gpu"
 REPLICA_CONTAINER = "replica"
 REPLICA_COMMAND = ("python", "-m", "jupyter_notebookos.kernel")
+# The uid of the pause image's user (nobody), for placeholder pods.
+PAUSE_UID = 65535
+SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 
 # Environment of the gateway process that must not leak into a pod (EG passes the kernel's env through).
 _PROCESS_ONLY_ENV = frozenset(
@@ -120,12 +124,12 @@ def _replica_env(spec: ReplicaSpec, request: ReplicaPodRequest, settings: PodSet
     }
     # The platform passes its own etcd endpoints and object store; the launcher's settings, where given, are
     # the addresses as seen from replica pods (an empty setting must not blank the platform's).
-    for name, value in (
-        (protocol.ENV_ETCD_ENDPOINTS, settings.etcd_endpoints),
-        (protocol.ENV_OBJECT_STORE_URL, settings.object_store_url),
-    ):
-        if value:
-            ours[name] = value
+    if settings.etcd_endpoints:
+        ours[protocol.ENV_ETCD_ENDPOINTS] = settings.etcd_endpoints
+    if settings.object_store_url:
+        ours[protocol.ENV_OBJECT_STORE_URL] = kernel_store_url(settings.object_store_url, spec.kernel_id)
+    if settings.object_store_endpoint_url:
+        ours["AWS_ENDPOINT_URL"] = settings.object_store_endpoint_url
     devices = spec.env.get(protocol.ENV_GPU_DEVICES)
     if devices and settings.real_gpus:
         ours[protocol.ENV_GPU_DEVICES] = _real_gpu_devices(devices)
@@ -145,9 +149,17 @@ def _replica_env(spec: ReplicaSpec, request: ReplicaPodRequest, settings: PodSet
         and name not in _STRUCTURED_ENV
         and name not in _GATEWAY_ONLY_ENV
         and name not in downward
+        and name not in spec.secret_env
         and ENV_NAME.match(name)
     }
     env: list[dict[str, Any]] = [{"name": n, "value": v} for n, v in sorted({**passed, **ours}.items())]
+    # The kernel's own credentials: references into its Secret, never values in the pod spec.
+    secret = kernel_secret_name(spec.kernel_id)
+    env.extend(
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": name}}}
+        for name in sorted(spec.secret_env)
+        if name not in ours
+    )
     # The node and pod are known only once scheduled: take them from the downward API.
     for name, path in (
         (protocol.ENV_HOST, "spec.nodeName"),
@@ -157,6 +169,91 @@ def _replica_env(spec: ReplicaSpec, request: ReplicaPodRequest, settings: PodSet
     ):
         env.append({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}})
     return env
+
+
+def kernel_store_url(object_store_url: str, kernel_id: str) -> str:
+    """The kernel's own prefix of the object store, as the gateway's ``access.kernel_store_url`` makes it (the
+    launcher's URL is the same store as replicas reach it, so the kernel's prefix must stay)."""
+    return f"{object_store_url.rstrip('/')}/kernels/{kernel_id}"
+
+
+def kernel_secret_name(kernel_id: str) -> str:
+    """The name of the Secret holding one kernel's own credentials (``nbos-<kernel>-credentials``)."""
+    base = re.sub(r"[^a-z0-9-]+", "-", f"nbos-{kernel_id}".lower()).strip("-")
+    return f"{base[:240].rstrip('-')}-credentials"
+
+
+def kernel_secret_selector(kernel_id: str | None = None) -> str:
+    """The label selector of kernels' credential Secrets, or of one kernel's."""
+    selector = f"{COMPONENT_LABEL}={SECRET_COMPONENT}"
+    return f"{selector},{KERNEL_ID_LABEL}={kernel_id}" if kernel_id else selector
+
+
+def owner_references(settings: PodSettings, namespace: str) -> list[dict[str, Any]]:
+    """The ownerReferences that tie an object of ``namespace`` to the release (its owner object there), if any."""
+    owner = settings.owners.get(namespace)
+    if not owner:
+        return []
+    return [
+        {
+            "apiVersion": owner["apiVersion"],
+            "kind": owner["kind"],
+            "name": owner["name"],
+            "uid": owner["uid"],
+            "blockOwnerDeletion": False,
+        }
+    ]
+
+
+def make_kernel_secret(spec: ReplicaSpec, settings: PodSettings, namespace: str) -> dict[str, Any]:
+    """The Secret with one kernel's own credentials (``spec.secret_env``), which its replica pods reference.
+
+    Owned by the release's owner object (uninstall removes it); the launcher deletes it with the kernel.
+    """
+    check_label_value("kernel id", spec.kernel_id)
+    for name in spec.secret_env:
+        if not SECRET_KEY.match(name):
+            raise InvalidKernelRequest(f"secret variable name {name!r} cannot be a Kubernetes Secret key")
+    metadata: dict[str, Any] = {
+        "name": kernel_secret_name(spec.kernel_id),
+        "namespace": namespace,
+        "labels": {
+            **common_labels(settings, SECRET_COMPONENT),
+            KERNEL_ID_LABEL: spec.kernel_id,
+        },
+    }
+    owners = owner_references(settings, namespace)
+    if owners:
+        metadata["ownerReferences"] = owners
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata,
+        "type": "Opaque",
+        "stringData": dict(sorted(spec.secret_env.items())),
+    }
+
+
+#: Pod Security Standard "restricted", for every container we create.
+RESTRICTED_CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def restricted_pod_security(uid: int, gid: int) -> dict[str, Any]:
+    """A pod securityContext that Pod Security Standard "restricted" admits (non-root, RuntimeDefault seccomp)."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": gid,
+        # EG's convention: fsGroup 100 ('users') keeps /home/jovyan writable whatever the uid.
+        "fsGroup": 100,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def _real_gpu_devices(raw: str) -> str:
@@ -225,6 +322,7 @@ def make_replica_pod(
         "imagePullPolicy": settings.image_pull_policy,
         "command": list(REPLICA_COMMAND),
         "env": _replica_env(spec, request, settings),
+        "securityContext": dict(RESTRICTED_CONTAINER_SECURITY),
     }
     if settings.object_store_secret:
         container["envFrom"] = [{"secretRef": {"name": settings.object_store_secret}}]
@@ -272,26 +370,18 @@ def make_replica_pod(
         pod_spec["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
     if volumes:
         pod_spec["volumes"] = volumes
-    if request.uid is not None or request.gid is not None:
-        # EG's convention: fsGroup 100 ('users') keeps /home/jovyan writable whatever the uid.
-        security: dict[str, int] = {"fsGroup": 100}
-        if request.uid is not None:
-            security["runAsUser"] = request.uid
-        if request.gid is not None:
-            security["runAsGroup"] = request.gid
-        pod_spec["securityContext"] = security
+    pod_spec["securityContext"] = restricted_pod_security(request.uid, request.gid)
 
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": request.namespace,
-            "labels": labels,
-            "annotations": annotations,
-        },
-        "spec": pod_spec,
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": request.namespace,
+        "labels": labels,
+        "annotations": annotations,
     }
+    owners = owner_references(settings, request.namespace)
+    if owners:
+        metadata["ownerReferences"] = owners
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
 # --- placeholders -------------------------------------------------------------------------------------------
@@ -309,6 +399,9 @@ class PlaceholderSettings:
     tolerations: Sequence[Mapping[str, Any]] = ()
     instance: str = "notebookos"
     extra_labels: Mapping[str, str] = field(default_factory=dict)
+    # The release's owner object in ``namespace`` ({"apiVersion", "kind", "name", "uid"}): uninstall removes
+    # placeholders with it, so they never keep GPU nodes up after the release is gone.
+    owner: Mapping[str, str] = field(default_factory=dict)
 
 
 def placeholder_selector() -> str:
@@ -356,8 +449,10 @@ def make_placeholder_pod(name: str, settings: PlaceholderSettings, avoid_nodes: 
                 "name": "pause",
                 "image": settings.image,
                 "resources": {"requests": {GPU_RESOURCE: gpus}, "limits": {GPU_RESOURCE: gpus}},
+                "securityContext": dict(RESTRICTED_CONTAINER_SECURITY),
             }
         ],
+        "securityContext": restricted_pod_security(PAUSE_UID, PAUSE_UID),
     }
     if avoid_nodes:
         spec["affinity"]["nodeAffinity"] = {
@@ -374,9 +469,18 @@ def make_placeholder_pod(name: str, settings: PlaceholderSettings, avoid_nodes: 
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": settings.namespace, "labels": labels},
+        "metadata": {
+            "name": name,
+            "namespace": settings.namespace,
+            "labels": labels,
+            **({"ownerReferences": owner_references(_owned(settings), settings.namespace)} if settings.owner else {}),
+        },
         "spec": spec,
     }
+
+
+def _owned(settings: PlaceholderSettings) -> PodSettings:
+    return PodSettings(namespace=settings.namespace, owners={settings.namespace: settings.owner})
 
 
 # The cluster autoscaler ignores pods below --expendable-pods-priority-cutoff (default -10) when deciding to

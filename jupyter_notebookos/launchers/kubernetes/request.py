@@ -16,11 +16,15 @@ from jupyter_notebookos.launchers.kubernetes.validation import (
     check_dns1123_subdomain,
     check_image,
     check_int,
+    check_mount_allowed,
     check_quantity,
+    check_volume_allowed,
     check_volumes,
     fail,
+    matches_any,
     parse_structured,
     quantity_value,
+    refuse,
 )
 
 OBJECT_STORE_VOLUME = "notebookos-object-store"
@@ -58,6 +62,20 @@ class PodSettings:
     # The nodes' GPUs are real (the NVIDIA runtime exposes them): replicas bind them per cell. False for
     # clusters whose nodes only advertise nvidia.com/gpu (a fake device plugin in a test cluster).
     real_gpus: bool = True
+    # What a kernel's own KERNEL_* request may ask for beyond the deployer's defaults (the kernelspec, written by
+    # the deployer, is trusted): image patterns, service accounts, volume source types and named sources.
+    allowed_images: Sequence[str] = ()
+    allowed_service_accounts: Sequence[str] = ()
+    allowed_volume_types: Sequence[str] = ("persistentVolumeClaim", "configMap", "emptyDir")
+    allowed_volume_sources: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # The uid and gid replicas run as unless KERNEL_UID / KERNEL_GID say otherwise (never root: runAsNonRoot).
+    run_as_user: int = 1000
+    run_as_group: int = 100
+    # The object store's endpoint (AWS_ENDPOINT_URL of an S3-compatible store), as replicas reach it.
+    object_store_endpoint_url: str = ""
+    # Per namespace, the object replica pods and their Secrets are owned by (the chart's owner ConfigMap), so
+    # deleting the release deletes them: {"namespace": {"apiVersion", "kind", "name", "uid"}}.
+    owners: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -73,8 +91,8 @@ class ReplicaPodRequest:
     memory: str = ""
     cpus_limit: str = ""
     memory_limit: str = ""
-    uid: int | None = None
-    gid: int | None = None
+    uid: int = 1000
+    gid: int = 100
     working_dir: str = ""
     volumes: tuple[dict[str, Any], ...] = ()
     volume_mounts: tuple[dict[str, Any], ...] = ()
@@ -83,12 +101,48 @@ class ReplicaPodRequest:
     launch_timeout: float = 300.0
 
 
+#: The kernelspec ``process_proxy.config`` keys this launcher reads, and those Enterprise Gateway or the process
+#: proxy read themselves; any other key is a typo that would silently do nothing, so it is refused.
+CONFIG_KEYS = frozenset(
+    {
+        "namespace",
+        "image_name",
+        "service_account_name",
+        "runtime_class_name",
+        "gpus",
+        "cpus",
+        "memory",
+        "cpus_limit",
+        "memory_limit",
+        "uid",
+        "gid",
+        "working_dir",
+        "volumes",
+        "volume_mounts",
+        "node_selector",
+        "tolerations",
+        "launch_timeout",
+    }
+)
+PROXY_CONFIG_KEYS = frozenset({"replicas", "authorized_users", "unauthorized_users", "port_range"})
+
+
 def resolve_replica_request(spec: ReplicaSpec, settings: PodSettings) -> ReplicaPodRequest:
     """Merge settings < kernelspec config < ``KERNEL_*`` variables and validate every value.
 
-    Raises :class:`InvalidKernelRequest` naming the offending value and how to fix it.
+    Every key of the kernelspec's config is used (an unknown one is refused). What the kernel's own ``KERNEL_*``
+    variables ask for beyond the deployer's choices (its image, service account, volumes) must be on the deployer's
+    allowlists. Raises :class:`InvalidKernelRequest` naming the offending field, the rule and how to fix it.
     """
     config, env = spec.config, spec.env
+    unknown = sorted(set(config) - CONFIG_KEYS - PROXY_CONFIG_KEYS)
+    if unknown:
+        raise fail(
+            f"kernelspec {spec.kernel_name!r} process_proxy.config key",
+            unknown[0],
+            "is not one this launcher knows",
+            f"use one of {sorted(CONFIG_KEYS | PROXY_CONFIG_KEYS)}",
+        )
 
     def pick(env_name: str, config_key: str, fallback: object = "") -> Any:
         if env.get(env_name, "") != "":
@@ -108,9 +162,27 @@ def resolve_replica_request(spec: ReplicaSpec, settings: PodSettings) -> Replica
             f"use one of {sorted(allowed)}, or add it to KubernetesLauncher.allowed_namespaces and to the chart's RBAC",
         )
     image = check_image("kernel image", str(pick("KERNEL_IMAGE", "image_name", settings.image)))
+    trusted_image = str(config.get("image_name") or settings.image)
+    if image != trusted_image and not matches_any(image, settings.allowed_images):
+        raise refuse(
+            "KERNEL_IMAGE",
+            image,
+            f"it is not the kernelspec's image {trusted_image!r} and matches none of "
+            f"KubernetesLauncher.allowed_images {list(settings.allowed_images)}",
+            "leave KERNEL_IMAGE unset, or ask the deployer to allow the image",
+        )
     service_account = str(pick("KERNEL_SERVICE_ACCOUNT_NAME", "service_account_name", settings.service_account))
     if service_account:
         check_dns1123_subdomain("KERNEL_SERVICE_ACCOUNT_NAME", service_account)
+    trusted_account = str(config.get("service_account_name") or settings.service_account)
+    if service_account != trusted_account and service_account not in settings.allowed_service_accounts:
+        raise refuse(
+            "KERNEL_SERVICE_ACCOUNT_NAME",
+            service_account,
+            f"it is not the kernelspec's service account {trusted_account!r} and not one of "
+            f"KubernetesLauncher.allowed_service_accounts {list(settings.allowed_service_accounts)}",
+            "leave KERNEL_SERVICE_ACCOUNT_NAME unset, or ask the deployer to allow the account",
+        )
     runtime_class = str(config.get("runtime_class_name") or settings.runtime_class_name)
     if runtime_class:
         check_dns1123_subdomain("runtime class name", runtime_class)
@@ -138,11 +210,18 @@ def resolve_replica_request(spec: ReplicaSpec, settings: PodSettings) -> Replica
                 "a request must not exceed its limit; raise the limit or lower the request",
             )
 
-    uid = gid = None
+    uid, gid = settings.run_as_user, settings.run_as_group
     if pick("KERNEL_UID", "uid") != "":
         uid = check_int("KERNEL_UID", pick("KERNEL_UID", "uid"), 0, MAX_ID)
         if uid in settings.prohibited_uids:
             raise fail("KERNEL_UID", uid, "is prohibited by this gateway", "run the kernel as an unprivileged user")
+        if uid == 0:
+            raise refuse(
+                "KERNEL_UID",
+                uid,
+                "replica pods run as non-root (Pod Security Standard 'restricted': runAsNonRoot)",
+                "give an unprivileged uid, e.g. 1000",
+            )
     if pick("KERNEL_GID", "gid") != "":
         gid = check_int("KERNEL_GID", pick("KERNEL_GID", "gid"), 0, MAX_ID)
         if gid in settings.prohibited_gids:
@@ -163,6 +242,11 @@ def resolve_replica_request(spec: ReplicaSpec, settings: PodSettings) -> Replica
         "KERNEL_VOLUME_MOUNTS", env.get("KERNEL_VOLUME_MOUNTS")
     )
     check_volumes(volumes, mounts, _builtin_volume_names(settings))
+    # The kernel's own volumes must be on the deployer's lists (the kernelspec's are the deployer's choice).
+    for volume in parse_structured("KERNEL_VOLUMES", env.get("KERNEL_VOLUMES")):
+        check_volume_allowed(volume, settings.allowed_volume_types, settings.allowed_volume_sources)
+    for mount in parse_structured("KERNEL_VOLUME_MOUNTS", env.get("KERNEL_VOLUME_MOUNTS")):
+        check_mount_allowed(mount)
 
     node_selector = dict(settings.node_selector)
     extra_selector = config.get("node_selector") or {}

@@ -4,9 +4,10 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -193,3 +194,95 @@ def check_volumes(volumes: list[dict[str, Any]], mounts: list[dict[str, Any]], b
                 "has no absolute mountPath",
                 "give e.g. '/home/jovyan/data'",
             )
+
+
+# --- the deployer's allowlists (what a user's KERNEL_* request may ask for) -----------------------------------
+
+#: The volume sources Pod Security Standard "restricted" admits (hostPath, nfs... are refused there).
+RESTRICTED_VOLUME_TYPES = frozenset(
+    {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
+)
+#: What names a volume source, for the source patterns of :func:`check_volume_allowed`.
+_SOURCE_NAME_FIELDS = {
+    "persistentVolumeClaim": ("claimName",),
+    "configMap": ("name",),
+    "secret": ("secretName",),
+    "nfs": ("server", "path"),
+    "hostPath": ("path",),
+    "csi": ("driver",),
+}
+_MOUNT_FIELDS = frozenset({"name", "mountPath", "readOnly", "subPath"})
+
+
+def refuse(field_name: str, value: object, rule: str, fix: str) -> InvalidKernelRequest:
+    """The error of a value the deployer's rule does not allow: names the field, the value and the rule."""
+    return InvalidKernelRequest(f"{field_name} {value!r} is not allowed: {rule}; {fix}")
+
+
+def matches_any(value: str, patterns: Sequence[str]) -> bool:
+    """Whether ``value`` matches one of the shell-style ``patterns`` (``registry.example.com/team/*:*``)."""
+    return any(fnmatch.fnmatchcase(value, pattern) for pattern in patterns)
+
+
+def volume_source_type(volume: Mapping[str, Any]) -> str:
+    """The one source key of a volume (``persistentVolumeClaim``, ``emptyDir``...); raises if not exactly one."""
+    sources = [key for key in volume if key != "name"]
+    if len(sources) != 1:
+        raise fail(
+            "KERNEL_VOLUMES entry",
+            dict(volume),
+            f"has {len(sources)} volume sources",
+            "give exactly one source, e.g. persistentVolumeClaim, configMap or emptyDir",
+        )
+    return sources[0]
+
+
+def volume_source_name(kind: str, source: object) -> str:
+    """What identifies a volume's source (a claim's name, ``server:path`` of NFS...), matched by source patterns."""
+    if not isinstance(source, Mapping):
+        return ""
+    return ":".join(str(source.get(f, "")) for f in _SOURCE_NAME_FIELDS.get(kind, ()))
+
+
+def check_volume_allowed(
+    volume: Mapping[str, Any], allowed_types: Sequence[str], allowed_sources: Mapping[str, Sequence[str]]
+) -> None:
+    """Refuse a user's volume whose source type, or whose named source, the deployer's allowlists do not list."""
+    kind = volume_source_type(volume)
+    if kind not in allowed_types:
+        raise refuse(
+            f"KERNEL_VOLUMES entry {volume.get('name')!r} source type",
+            kind,
+            f"KubernetesLauncher.allowed_volume_types is {sorted(allowed_types)}",
+            "use one of those types, or ask the deployer to allow this one",
+        )
+    patterns = allowed_sources.get(kind)
+    if patterns is not None:
+        name = volume_source_name(kind, volume[kind])
+        if not matches_any(name, patterns):
+            raise refuse(
+                f"KERNEL_VOLUMES entry {volume.get('name')!r} {kind} source",
+                name,
+                f"KubernetesLauncher.allowed_volume_sources[{kind!r}] is {list(patterns)}",
+                "use a source matching one of those patterns",
+            )
+
+
+def check_mount_allowed(mount: Mapping[str, Any]) -> None:
+    """Refuse a user's mount with fields that reach beyond its volume (propagation, ``..`` in subPath)."""
+    extra = sorted(set(mount) - _MOUNT_FIELDS)
+    if extra:
+        raise refuse(
+            f"KERNEL_VOLUME_MOUNTS entry {mount.get('name')!r} field",
+            extra[0],
+            f"a kernel's mounts may set only {sorted(_MOUNT_FIELDS)}",
+            "remove that field",
+        )
+    sub_path = str(mount.get("subPath", ""))
+    if sub_path.startswith("/") or ".." in sub_path.split("/"):
+        raise refuse(
+            f"KERNEL_VOLUME_MOUNTS entry {mount.get('name')!r} subPath",
+            sub_path,
+            "a subPath must be relative and stay inside its volume",
+            "give a relative path without '..'",
+        )
