@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import pytest
 import yaml
 from fakekube import KUBE_VERSION, validate_strict
+from helmchart import CHART, by_kind, gateway_config, render
 
 from jupyter_notebookos.launchers.base import ReplicaSpec
 from jupyter_notebookos.launchers.kubernetes.launcher import KubernetesLauncher
 from jupyter_notebookos.launchers.kubernetes.placeholders import PlaceholderPool
 
-CHART = Path(__file__).resolve().parents[2] / "helm" / "notebookos"
 GPU_VALUES = yaml.safe_load((CHART / "values-gpu-cluster.yaml").read_text())
 EXTERNAL_PLAIN = {"etcd": {"enabled": False, "external": {"endpoints": ["etcd.infra:2379"]}}}
 SEPARATE_NAMESPACES = {
@@ -31,26 +30,6 @@ VALUE_SETS = {
     "external-etcd": EXTERNAL_PLAIN,
     "separate-namespaces": SEPARATE_NAMESPACES,
 }
-
-
-def render(values: dict[str, Any] | None) -> list[dict[str, Any]]:
-    with helm.Chart.load(CHART) as chart:
-        manifests = chart.render(values=values, name="nbos", namespace="notebookos", is_install=True)
-    docs = []
-    for path, text in manifests.items():
-        if path.endswith("NOTES.txt"):
-            continue
-        docs.extend(d for d in yaml.safe_load_all(text) if d)
-    return docs
-
-
-def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [d for d in docs if d["kind"] == kind]
-
-
-def gateway_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    (config_map,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("gateway-config")]
-    return json.loads(config_map["data"]["notebookos_gateway_config.json"])
 
 
 @pytest.mark.parametrize("values", [None, GPU_VALUES], ids=["default", "gpu-cluster"])
@@ -95,7 +74,11 @@ def test_rbac_is_least_privilege() -> None:
         assert rules == {
             ("pods",): ["create", "delete", "get", "list", "watch"],
             ("events",): ["get", "list", "watch"],
+            ("secrets",): ["create", "delete", "list", "update"],  # kernels' own credentials
+            ("configmaps",): ["get"],
         }
+        (owner_rule,) = [r for r in role["rules"] if r["resources"] == ["configmaps"]]
+        assert owner_rule["resourceNames"] == ["nbos-notebookos-kernel-owner"]  # that one only
     (cluster_role,) = by_kind(docs, "ClusterRole")
     for rule in cluster_role["rules"]:
         assert sorted(rule["verbs"]) == ["get", "list", "watch"]
@@ -119,7 +102,7 @@ def test_scheduler_values_reach_the_scheduler_traitlets() -> None:
     # The launcher configured by the chart builds valid replica pods in the chart's namespace.
     pod = launcher.build_pod(ReplicaSpec("k-1", "r0", "gpu-a", "python3-notebookos"), suffix="abc123")
     validate_strict(pod)
-    assert pod["metadata"]["namespace"] == "notebookos"
+    assert pod["metadata"]["namespace"] == "notebookos-kernels"  # S3 store: kernels in a namespace of their own
     assert pod["spec"]["runtimeClassName"] == "nvidia"
     assert {"name": "notebookos-etcd-tls", "secret": {"secretName": "notebookos-etcd-client-tls"}} in pod["spec"][
         "volumes"

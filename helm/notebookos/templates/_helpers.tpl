@@ -22,8 +22,27 @@ app.kubernetes.io/name: notebookos
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* Namespace of replica and placeholder pods. Empty kernelNamespace: "<release namespace>-kernels", a namespace of
+their own (labelled for Pod Security Admission "restricted"), except with objectStore.type=pvc, whose one claim the
+gateway and the replicas share and which therefore cannot leave the release namespace. */}}
 {{- define "notebookos.kernelNamespace" -}}
-{{- default .Release.Namespace .Values.kernelNamespace -}}
+{{- if .Values.kernelNamespace -}}
+{{- .Values.kernelNamespace -}}
+{{- else if eq .Values.objectStore.type "pvc" -}}
+{{- .Release.Namespace -}}
+{{- else -}}
+{{- printf "%s-kernels" .Release.Namespace | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Every namespace replica pods may run in: the kernel namespace and kernel.allowedNamespaces. */}}
+{{- define "notebookos.kernelNamespaces" -}}
+{{- prepend .Values.kernel.allowedNamespaces (include "notebookos.kernelNamespace" .) | uniq | join "," -}}
+{{- end -}}
+
+{{/* The ConfigMap in each kernel namespace that owns replica pods, placeholders and kernels' Secrets. */}}
+{{- define "notebookos.ownerConfigMap" -}}
+{{- printf "%s-kernel-owner" (include "notebookos.fullname" .) -}}
 {{- end -}}
 
 {{- define "notebookos.gatewayServiceAccount" -}}

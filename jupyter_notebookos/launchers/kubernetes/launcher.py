@@ -54,14 +54,19 @@ class KubernetesLauncher(PodConfig):
         # Per (namespace, kernel): the creation of its credentials Secret (its replicas start concurrently).
         self._secrets: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._started: asyncio.Future[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
     # --- the shared watch -----------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the shared watches and wait for the first listing (idempotent)."""
-        if self._pods:
-            return
+        """Start the shared watches, wait for the first listing and find the owner objects (idempotent; concurrent
+        callers wait for the same start)."""
+        if self._started is None or (self._started.done() and self._started.exception() is not None):
+            self._started = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._started)
+
+    async def _start(self) -> None:
         self._loop = asyncio.get_running_loop()
         if self.core_api is None:
             self.core_api = await asyncio.to_thread(load_core_api)
@@ -114,6 +119,7 @@ class KubernetesLauncher(PodConfig):
 
     async def stop(self) -> None:
         """Stop the watches (pods keep running: replicas outlive the gateway)."""
+        self._started = None
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
