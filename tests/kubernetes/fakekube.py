@@ -168,15 +168,17 @@ class FakeCluster:
         return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def age(self, seconds: float) -> None:
-        """Make every object created so far ``seconds`` older."""
+        """Make every object created so far ``seconds`` older (watches see the change)."""
         with self.lock:
-            for objects in self.objects.values():
-                for obj in objects.values():
+            for resource, objects in self.objects.items():
+                for obj in list(objects.values()):
                     meta = obj.get("metadata") or {}
                     if "creationTimestamp" in meta:
                         created = datetime.datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
                         moved = created - datetime.timedelta(seconds=seconds)
-                        meta["creationTimestamp"] = moved.strftime("%Y-%m-%dT%H:%M:%SZ")
+                        aged = copy.deepcopy(obj)
+                        aged["metadata"]["creationTimestamp"] = moved.strftime("%Y-%m-%dT%H:%M:%SZ")
+                        self.put(resource, aged, "MODIFIED")
 
     def add_config_map(self, namespace: str, name: str) -> dict[str, Any]:
         """A ConfigMap (the chart's owner object), with a uid as the API server gives it."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -9,7 +10,7 @@ import pytest
 from fakekube import IMAGE, NAMESPACE, FakeCluster, validate_strict
 
 from jupyter_notebookos.gateway.access import kernel_store_url
-from jupyter_notebookos.launchers.base import ReplicaSpec
+from jupyter_notebookos.launchers.base import ReplicaSpec, RequestRefused
 from jupyter_notebookos.launchers.kubernetes import objects
 from jupyter_notebookos.launchers.kubernetes.launcher import KubernetesLauncher
 from jupyter_notebookos.launchers.kubernetes.request import PodSettings, resolve_replica_request
@@ -262,3 +263,180 @@ def test_validation_catches_a_malformed_builder_change() -> None:
     pod["spec"]["containers"][0]["resource"] = {}  # misspelt field
     with pytest.raises(Exception, match="resource"):
         validate_strict(pod)
+
+
+# --- what a kernel may ask for, and how its pods are locked down ---------------------------------------------
+
+
+def restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """What Pod Security Standard "restricted" (Kubernetes 1.30) would refuse in ``pod``."""
+    spec_ = pod["spec"]
+    problems = []
+    pod_security = spec_.get("securityContext") or {}
+    allowed_volumes = {
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    }
+    for volume in spec_.get("volumes") or []:
+        kinds = set(volume) - {"name"}
+        if not kinds <= allowed_volumes:
+            problems.append(f"volume {volume['name']}: {kinds}")
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec_.get(key):
+            problems.append(key)
+    for container in spec_["containers"]:
+        security = container.get("securityContext") or {}
+        if security.get("privileged"):
+            problems.append("privileged")
+        if security.get("allowPrivilegeEscalation") is not False:
+            problems.append("allowPrivilegeEscalation")
+        if "ALL" not in (security.get("capabilities") or {}).get("drop", []):
+            problems.append("capabilities.drop ALL")
+        if set((security.get("capabilities") or {}).get("add", [])) - {"NET_BIND_SERVICE"}:
+            problems.append("capabilities.add")
+        if not (security.get("runAsNonRoot") or pod_security.get("runAsNonRoot")):
+            problems.append("runAsNonRoot")
+        if 0 in (security.get("runAsUser"), pod_security.get("runAsUser")):
+            problems.append("runAsUser 0")
+        seccomp = (security.get("seccompProfile") or pod_security.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            problems.append("seccompProfile")
+        if any(p.get("hostPort") for p in container.get("ports") or []):
+            problems.append("hostPort")
+    return problems
+
+
+def test_replica_and_placeholder_pods_meet_the_restricted_pod_security_standard() -> None:
+    for pod in (build(FULL_ENV), build(), objects.make_placeholder_pod("p-1", objects.PlaceholderSettings("ns"))):
+        validate_strict(pod)
+        assert restricted_violations(pod) == []
+        assert pod["spec"]["automountServiceAccountToken"] is False
+    # The checker itself catches what it must.
+    bad = build()
+    bad["spec"]["containers"][0]["securityContext"] = {}
+    bad["spec"]["volumes"].append({"name": "root", "hostPath": {"path": "/"}})
+    assert len(restricted_violations(bad)) == 3  # runAsNonRoot and seccomp still come from the pod level
+    del bad["spec"]["securityContext"]
+    assert len(restricted_violations(bad)) == 5
+
+
+@pytest.mark.parametrize(
+    ("env", "config", "expected"),
+    [
+        ({"KERNEL_IMAGE": "docker.io/evil/miner:1"}, {}, "KERNEL_IMAGE 'docker.io/evil/miner:1' is not allowed"),
+        ({"KERNEL_SERVICE_ACCOUNT_NAME": "default"}, {}, "KubernetesLauncher.allowed_service_accounts"),
+        (
+            {"KERNEL_VOLUMES": '[{"name": "host", "hostPath": {"path": "/var/run"}}]'},
+            {},
+            "source type 'hostPath' is not allowed: KubernetesLauncher.allowed_volume_types",
+        ),
+        (
+            {"KERNEL_VOLUMES": '[{"name": "token", "secret": {"secretName": "gateway-token"}}]'},
+            {},
+            "source type 'secret' is not allowed",
+        ),
+        (
+            {"KERNEL_VOLUMES": '[{"name": "sa", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]'},
+            {},
+            "source type 'projected' is not allowed",
+        ),
+        (
+            {"KERNEL_VOLUMES": '[{"name": "two", "emptyDir": {}, "configMap": {"name": "x"}}]'},
+            {},
+            "has 2 volume sources",
+        ),
+        (
+            {
+                "KERNEL_VOLUMES": '[{"name": "d", "emptyDir": {}}]',
+                "KERNEL_VOLUME_MOUNTS": '[{"name": "d", "mountPath": "/d", "mountPropagation": "Bidirectional"}]',
+            },
+            {},
+            "field 'mountPropagation' is not allowed",
+        ),
+        (
+            {
+                "KERNEL_VOLUMES": '[{"name": "d", "emptyDir": {}}]',
+                "KERNEL_VOLUME_MOUNTS": '[{"name": "d", "mountPath": "/d", "subPath": "../../etc"}]',
+            },
+            {},
+            "subPath '../../etc' is not allowed",
+        ),
+        ({}, {"image": "registry.example.com/x:1"}, "process_proxy.config key 'image' is not one this launcher knows"),
+    ],
+)
+def test_requests_beyond_the_deployers_allowlists_are_refused_naming_field_and_rule(
+    env: dict[str, str], config: dict[str, Any], expected: str
+) -> None:
+    with pytest.raises(InvalidKernelRequest) as caught:
+        build(env, config)
+    assert expected in str(caught.value)
+    assert isinstance(caught.value, RequestRefused)  # the gateway answers 400
+
+
+def test_allowlisted_requests_and_the_deployers_own_choices_pass() -> None:
+    settings = dataclasses.replace(
+        SETTINGS,
+        allowed_service_accounts=("team-a-reader",),
+        allowed_volume_sources={"persistentVolumeClaim": ("claim-*",)},
+    )
+    env = {
+        "KERNEL_IMAGE": "ghcr.io/alice/kernel:2",  # matches ghcr.io/alice/*
+        "KERNEL_SERVICE_ACCOUNT_NAME": "team-a-reader",
+        "KERNEL_VOLUMES": '[{"name": "home", "persistentVolumeClaim": {"claimName": "claim-alice"}}]',
+        "KERNEL_VOLUME_MOUNTS": '[{"name": "home", "mountPath": "/home/jovyan", "subPath": "work"}]',
+    }
+    request = resolve_replica_request(spec(env), settings)
+    assert (request.image, request.service_account) == ("ghcr.io/alice/kernel:2", "team-a-reader")
+    with pytest.raises(InvalidKernelRequest, match=r"persistentVolumeClaim source 'claim-bob-data' is not allowed"):
+        resolve_replica_request(
+            spec({"KERNEL_VOLUMES": '[{"name": "h", "persistentVolumeClaim": {"claimName": "claim-bob-data"}}]'}),
+            dataclasses.replace(settings, allowed_volume_sources={"persistentVolumeClaim": ("claim-alice",)}),
+        )
+    # The kernelspec is the deployer's: its image, account and volumes need no allowlist.
+    trusted = {
+        "image_name": "registry.example.com/team/special:1",
+        "service_account_name": "special",
+        "volumes": [{"name": "host", "hostPath": {"path": "/data"}}],
+    }
+    request = resolve_replica_request(spec(config=trusted), SETTINGS)
+    assert (request.image, request.service_account) == ("registry.example.com/team/special:1", "special")
+    with pytest.raises(InvalidKernelRequest, match="KERNEL_UID 0"):
+        resolve_replica_request(spec({"KERNEL_UID": "0"}), dataclasses.replace(SETTINGS, prohibited_uids=()))
+
+
+def test_a_kernels_credentials_reach_its_pods_only_through_its_own_secret() -> None:
+    credentials = {"NOTEBOOKOS_ETCD_USER": "notebookos-kernel-k", "NOTEBOOKOS_ETCD_PASSWORD": "s3cret-pw"}
+    replica = dataclasses.replace(spec(), secret_env=credentials, env={**spec().env, **credentials})
+    request = resolve_replica_request(replica, SETTINGS)
+    pod = objects.make_replica_pod(replica, request, SETTINGS, name="p")
+    validate_strict(pod)
+    assert "s3cret-pw" not in json.dumps(pod)
+    env = env_of(pod)
+    secret_name = objects.kernel_secret_name(KERNEL)
+    for name in credentials:
+        assert env[name] == {"secretKeyRef": {"name": secret_name, "key": name}}
+    secret = objects.make_kernel_secret(replica, SETTINGS, NAMESPACE)
+    validate_strict(secret)
+    assert secret["metadata"]["name"] == secret_name and secret["stringData"] == credentials
+    assert secret["metadata"]["labels"]["kernel_id"] == KERNEL
+
+
+def test_pods_and_secrets_are_owned_by_the_releases_owner_object() -> None:
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "nbos-notebookos-kernel-owner", "uid": "u-1"}
+    settings = dataclasses.replace(SETTINGS, owners={NAMESPACE: owner})
+    replica = dataclasses.replace(spec(), secret_env={"NOTEBOOKOS_ETCD_PASSWORD": "x"})
+    pod = objects.make_replica_pod(replica, resolve_replica_request(replica, settings), settings, name="p")
+    placeholder = objects.make_placeholder_pod("p-1", objects.PlaceholderSettings(NAMESPACE, owner=owner))
+    secret = objects.make_kernel_secret(replica, settings, NAMESPACE)
+    for obj in (pod, placeholder, secret):
+        validate_strict(obj)
+        (reference,) = obj["metadata"]["ownerReferences"]
+        assert {k: reference[k] for k in owner} == owner
+    # Another namespace has its own owner (ownerReferences cannot cross namespaces): none known, none set.
+    assert "ownerReferences" not in objects.make_kernel_secret(replica, settings, "team-a")["metadata"]
