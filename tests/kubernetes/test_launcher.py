@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from fakekube import NAMESPACE, FakeCluster, until, validate_strict
@@ -306,3 +307,22 @@ async def test_the_sweep_deletes_only_old_objects_of_kernels_the_gateway_does_no
     assert sorted((o.kind, o.kernel_id) for o in deleted) == [("Pod", lost), ("Secret", lost)]
     assert cluster.pods(f"kernel_id={lost}") == [] and cluster.secrets(f"kernel_id={lost}") == []
     assert len(cluster.pods(f"kernel_id={KERNEL}")) == 1 and len(cluster.secrets(f"kernel_id={KERNEL}")) == 1
+
+
+async def test_replicas_get_etcds_ca_in_their_namespace_and_no_client_key(
+    cluster: FakeCluster, make_launcher: Callable[..., KubernetesLauncher], tmp_path: Path
+) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    launcher = make_launcher(etcd_ca_file=str(ca), instance="nbos")
+    launch = asyncio.create_task(launcher.start_replica(spec()))
+    cluster.run_pod(NAMESPACE, await created_pod(cluster), "gpu-a")
+    await asyncio.wait_for(launch, 5)
+    (secret,) = [s for s in cluster.secrets() if s["metadata"]["name"] == "nbos-etcd-ca"]
+    assert secret["stringData"] == {"ca.crt": ca.read_text()}
+    validate_strict(secret)
+    pod = cluster.called("create_namespaced_pod")[0]["body"]
+    assert {"name": "notebookos-etcd-tls", "secret": {"secretName": "nbos-etcd-ca"}} in pod["spec"]["volumes"]
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["NOTEBOOKOS_ETCD_CA_CERT"] == "/etc/notebookos/etcd-tls/ca.crt"
+    assert "NOTEBOOKOS_ETCD_CERT" not in env and "NOTEBOOKOS_ETCD_KEY" not in env

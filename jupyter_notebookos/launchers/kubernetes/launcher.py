@@ -114,8 +114,26 @@ class KubernetesLauncher(PodConfig):
                     )
                 else:
                     self.owners[namespace] = owner
+        if self.etcd_ca_file and not self.etcd_tls_secret:
+            await self._write_etcd_ca(core)
         if self.orphan_sweep_interval > 0:
             self._sweeper = asyncio.ensure_future(self._sweep_loop())
+
+    async def _write_etcd_ca(self, core: Any) -> None:
+        """Copy etcd's CA into each kernel namespace, for replicas to verify etcd's certificates."""
+        try:
+            with open(self.etcd_ca_file) as handle:
+                ca_pem = handle.read()
+        except OSError as err:
+            raise LaunchError(
+                f"cannot read etcd's CA certificate {self.etcd_ca_file!r} ({err}); mount it in the gateway or fix "
+                "KubernetesLauncher.etcd_ca_file (NOTEBOOKOS_ETCD_CA_CERT)"
+            ) from None
+        settings = self.pod_settings()
+        for namespace in self._pods:
+            secret = objects.make_etcd_ca_secret(self.etcd_ca_secret_name(), namespace, ca_pem, settings)
+            await ownership.apply_secret(core, secret)
+        self.etcd_ca_secret = self.etcd_ca_secret_name()
 
     async def stop(self) -> None:
         """Stop the watches (pods keep running: replicas outlive the gateway)."""

@@ -141,6 +141,8 @@ def _replica_env(spec: ReplicaSpec, request: ReplicaPodRequest, settings: PodSet
                 protocol.ENV_ETCD_KEY: f"{ETCD_TLS_MOUNT_PATH}/tls.key",
             }
         )
+    elif settings.etcd_ca_secret:
+        ours[protocol.ENV_ETCD_CA_CERT] = f"{ETCD_TLS_MOUNT_PATH}/ca.crt"
     downward = {protocol.ENV_HOST, protocol.ENV_POD_NAME, "NOTEBOOKOS_POD_NAMESPACE", protocol.ENV_ADVERTISE_IP}
     passed = {
         name: str(value)
@@ -234,6 +236,26 @@ def make_kernel_secret(spec: ReplicaSpec, settings: PodSettings, namespace: str)
     }
 
 
+def make_etcd_ca_secret(name: str, namespace: str, ca_pem: str, settings: PodSettings) -> dict[str, Any]:
+    """The Secret with only the CA of etcd's certificates, which replica pods in ``namespace`` mount."""
+    check_dns1123_subdomain("etcd CA secret name", name)
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": common_labels(settings, "notebookos-etcd-ca"),
+    }
+    owners = owner_references(settings, namespace)
+    if owners:
+        metadata["ownerReferences"] = owners
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata,
+        "type": "Opaque",
+        "stringData": {"ca.crt": ca_pem},
+    }
+
+
 #: Pod Security Standard "restricted", for every container we create.
 RESTRICTED_CONTAINER_SECURITY: dict[str, Any] = {
     "allowPrivilegeEscalation": False,
@@ -312,8 +334,9 @@ def make_replica_pod(
             {"name": OBJECT_STORE_VOLUME, "persistentVolumeClaim": {"claimName": settings.object_store_claim}}
         )
         mounts.append({"name": OBJECT_STORE_VOLUME, "mountPath": settings.object_store_mount_path})
-    if settings.etcd_tls_secret:
-        volumes.append({"name": ETCD_TLS_VOLUME, "secret": {"secretName": settings.etcd_tls_secret}})
+    etcd_secret = settings.etcd_tls_secret or settings.etcd_ca_secret
+    if etcd_secret:
+        volumes.append({"name": ETCD_TLS_VOLUME, "secret": {"secretName": etcd_secret}})
         mounts.append({"name": ETCD_TLS_VOLUME, "mountPath": ETCD_TLS_MOUNT_PATH, "readOnly": True})
 
     container: dict[str, Any] = {

@@ -42,11 +42,11 @@ async def apply_secret(core: Any, secret: dict[str, Any]) -> None:
         return
     except Exception as err:
         if getattr(err, "status", None) != 409:
-            raise api_error(err, f"create the kernel's Secret {name}", namespace) from None
+            raise api_error(err, f"create Secret {name}", namespace) from None
     try:
         await asyncio.to_thread(core.replace_namespaced_secret, name, namespace, secret)
     except Exception as err:
-        raise api_error(err, f"replace the kernel's Secret {name}", namespace) from None
+        raise api_error(err, f"replace Secret {name}", namespace) from None
 
 
 async def delete_secret(core: Any, name: str, namespace: str) -> None:

@@ -85,6 +85,17 @@ class PodConfig(Launcher):
     def _etcd_endpoints_default(self) -> str:
         return os.environ.get("NOTEBOOKOS_ETCD_ENDPOINTS", "")
 
+    etcd_ca_file = Unicode(
+        config=True,
+        help="PEM file (in the gateway) of the CA of etcd's certificates. Unless etcd_tls_secret is set, the launcher "
+        "copies it into a Secret '<instance>-etcd-ca' in each kernel namespace, which replicas mount to verify etcd "
+        "(they log in with their kernel's own user and password). Default: NOTEBOOKOS_ETCD_CA_CERT.",
+    )
+
+    @default("etcd_ca_file")
+    def _etcd_ca_file_default(self) -> str:
+        return os.environ.get("NOTEBOOKOS_ETCD_CA_CERT", "")
+
     etcd_tls_secret = Unicode(
         "",
         config=True,
@@ -204,6 +215,12 @@ class PodConfig(Launcher):
         super().__init__(**kwargs)
         # The release's owner object per namespace (ownerReferences); the launcher finds them when it starts.
         self.owners: dict[str, dict[str, str]] = {}
+        # The Secret with etcd's CA in every kernel namespace, once the launcher has written it.
+        self.etcd_ca_secret = ""
+
+    def etcd_ca_secret_name(self) -> str:
+        """The name of the CA Secret the launcher writes into kernel namespaces."""
+        return f"{self.instance}-etcd-ca"
 
     def pod_settings(self) -> PodSettings:
         """The traitlets as the pure builders' settings."""
@@ -219,6 +236,7 @@ class PodConfig(Launcher):
             priority_class_name=self.priority_class_name,
             etcd_endpoints=self.etcd_endpoints,
             etcd_tls_secret=self.etcd_tls_secret,
+            etcd_ca_secret=self.etcd_ca_secret,
             object_store_url=self.object_store_url,
             object_store_claim=self.object_store_claim,
             object_store_mount_path=self.object_store_mount_path,

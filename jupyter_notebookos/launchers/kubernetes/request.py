@@ -47,6 +47,9 @@ class PodSettings:
     priority_class_name: str = ""
     etcd_endpoints: str = ""
     etcd_tls_secret: str = ""
+    # A Secret with only the CA of etcd's certificates (key ca.crt): replicas verify etcd and log in with their
+    # kernel's user and password (etcd_tls_secret, when set, wins: it carries a client certificate too).
+    etcd_ca_secret: str = ""
     object_store_url: str = ""
     object_store_claim: str = ""
     object_store_mount_path: str = "/mnt/notebookos-store"
@@ -290,6 +293,6 @@ def _builtin_volume_names(settings: PodSettings) -> set[str]:
     names = set()
     if settings.object_store_claim:
         names.add(OBJECT_STORE_VOLUME)
-    if settings.etcd_tls_secret:
+    if settings.etcd_tls_secret or settings.etcd_ca_secret:
         names.add(ETCD_TLS_VOLUME)
     return names
