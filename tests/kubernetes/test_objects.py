@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from fakekube import IMAGE, NAMESPACE, FakeCluster, validate_strict
+from fakekube import IMAGE, NAMESPACE, FakeCluster, restricted_violations, validate_strict
 
 from jupyter_notebookos.gateway.access import kernel_store_url
 from jupyter_notebookos.launchers.base import ReplicaSpec, RequestRefused
@@ -266,50 +266,6 @@ def test_validation_catches_a_malformed_builder_change() -> None:
 
 
 # --- what a kernel may ask for, and how its pods are locked down ---------------------------------------------
-
-
-def restricted_violations(pod: dict[str, Any]) -> list[str]:
-    """What Pod Security Standard "restricted" (Kubernetes 1.30) would refuse in ``pod``."""
-    spec_ = pod["spec"]
-    problems = []
-    pod_security = spec_.get("securityContext") or {}
-    allowed_volumes = {
-        "configMap",
-        "csi",
-        "downwardAPI",
-        "emptyDir",
-        "ephemeral",
-        "persistentVolumeClaim",
-        "projected",
-        "secret",
-    }
-    for volume in spec_.get("volumes") or []:
-        kinds = set(volume) - {"name"}
-        if not kinds <= allowed_volumes:
-            problems.append(f"volume {volume['name']}: {kinds}")
-    for key in ("hostNetwork", "hostPID", "hostIPC"):
-        if spec_.get(key):
-            problems.append(key)
-    for container in spec_["containers"]:
-        security = container.get("securityContext") or {}
-        if security.get("privileged"):
-            problems.append("privileged")
-        if security.get("allowPrivilegeEscalation") is not False:
-            problems.append("allowPrivilegeEscalation")
-        if "ALL" not in (security.get("capabilities") or {}).get("drop", []):
-            problems.append("capabilities.drop ALL")
-        if set((security.get("capabilities") or {}).get("add", [])) - {"NET_BIND_SERVICE"}:
-            problems.append("capabilities.add")
-        if not (security.get("runAsNonRoot") or pod_security.get("runAsNonRoot")):
-            problems.append("runAsNonRoot")
-        if 0 in (security.get("runAsUser"), pod_security.get("runAsUser")):
-            problems.append("runAsUser 0")
-        seccomp = (security.get("seccompProfile") or pod_security.get("seccompProfile") or {}).get("type")
-        if seccomp not in ("RuntimeDefault", "Localhost"):
-            problems.append("seccompProfile")
-        if any(p.get("hostPort") for p in container.get("ports") or []):
-            problems.append("hostPort")
-    return problems
 
 
 def test_replica_and_placeholder_pods_meet_the_restricted_pod_security_standard() -> None:
