@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import fnmatch
 import json
+import tomllib
 from typing import Any
 
 import helm_python as helm
@@ -312,3 +313,57 @@ def test_kernels_get_a_namespace_of_their_own_enforcing_pod_security_restricted(
 def test_the_charts_own_pods_meet_the_restricted_pod_security_standard(values: dict[str, Any] | None) -> None:
     for workload in by_kind(render(values), "Deployment") + by_kind(render(values), "StatefulSet"):
         assert restricted_violations(workload["spec"]["template"]) == [], workload["metadata"]["name"]
+
+
+# What a release necessarily sets for itself (names, addresses, the image it installs), with why; every other value
+# the chart writes must be the traitlet's own default, so the chart and the code never disagree silently.
+RELEASE_SPECIFIC = {
+    ("NotebookOSGatewayApp", "launcher"): "the chart runs the Kubernetes platform",
+    ("NotebookOSGatewayApp", "autoscale"): "placeholders.enabled: the chart scales GPU nodes by default",
+    ("NotebookOSGatewayApp", "etcd_endpoints"): "the release's etcd",
+    ("NotebookOSGatewayApp", "object_store_url"): "the release's store",
+    ("KubernetesLauncher", "etcd_endpoints"): "the release's etcd",
+    ("KubernetesLauncher", "object_store_url"): "the release's store",
+    ("KubernetesLauncher", "object_store_claim"): "the release's claim",
+    ("KubernetesLauncher", "image"): "the release's kernel image",
+    ("KubernetesLauncher", "namespace"): "the release's kernel namespace",
+    ("KubernetesLauncher", "service_account"): "the release's replica service account",
+    ("KubernetesLauncher", "instance"): "the release's name",
+    ("KubernetesLauncher", "owner_config_map"): "the release's owner object",
+    ("PlaceholderPool", "namespace"): "the release's kernel namespace",
+    ("PlaceholderPool", "instance"): "the release's name",
+    ("PlaceholderPool", "owner_config_map"): "the release's owner object",
+}
+
+
+def test_every_default_value_the_chart_writes_is_the_traitlets_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
+    from jupyter_notebookos.launchers.kubernetes import NodeInventory
+    from jupyter_notebookos.scheduler.engine import Scheduler
+
+    for variable in ("NOTEBOOKOS_ETCD_ENDPOINTS", "NOTEBOOKOS_KERNEL_NAMESPACE", "NOTEBOOKOS_KERNEL_IMAGE"):
+        monkeypatch.delenv(variable, raising=False)
+    config = gateway_config(render(None))
+    checked = 0
+    for cls in (NotebookOSGatewayApp, Scheduler, KubernetesLauncher, NodeInventory, PlaceholderPool):
+        instance = cls(core_api=object()) if cls is KubernetesLauncher else cls()
+        for name, value in config[cls.__name__].items():
+            if (cls.__name__, name) in RELEASE_SPECIFIC:
+                continue
+            default = getattr(instance, name)
+            assert value == default, (
+                f"chart writes {cls.__name__}.{name} = {value!r}; the traitlet's default is {default!r}"
+            )
+            checked += 1
+    assert checked >= 40
+    # Every scheduler knob is a chart value.
+    assert set(config["Scheduler"]) == set(Scheduler.class_trait_names(config=True))
+
+
+@pytest.mark.parametrize("dockerfile", ["kernel.Dockerfile", "gateway.Dockerfile"])
+def test_both_images_can_reach_an_s3_object_store(dockerfile: str) -> None:
+    root = CHART.parents[1]
+    text = (root / "docker" / dockerfile).read_text()
+    assert '".[s3]"' in text  # the package's s3 extra: s3fs
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(requirement.startswith("s3fs") for requirement in extras["s3"])

@@ -116,9 +116,10 @@ class PodConfig(Launcher):
     )
     termination_grace_period = Integer(30, config=True, help="Seconds a replica gets to stop after SIGTERM.")
     launch_timeout = Float(
-        300.0,
+        600.0,
         config=True,
-        help="Seconds a replica pod may take to run (scheduling + image pull); KERNEL_LAUNCH_TIMEOUT overrides.",
+        help="Seconds a replica pod may take to run (scheduling + image pull: GPU images are large); "
+        "KERNEL_LAUNCH_TIMEOUT overrides.",
     )
     pin_to_host = Bool(
         True,

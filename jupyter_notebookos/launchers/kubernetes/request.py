@@ -61,7 +61,7 @@ class PodSettings:
     instance: str = "notebookos"
     extra_labels: Mapping[str, str] = field(default_factory=dict)
     extra_annotations: Mapping[str, str] = field(default_factory=dict)
-    launch_timeout: float = 300.0
+    launch_timeout: float = 600.0
     # The nodes' GPUs are real (the NVIDIA runtime exposes them): replicas bind them per cell. False for
     # clusters whose nodes only advertise nvidia.com/gpu (a fake device plugin in a test cluster).
     real_gpus: bool = True
