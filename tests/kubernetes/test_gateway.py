@@ -29,7 +29,7 @@ from jupyter_notebookos.launchers.kubernetes import (
     PlaceholderPool,
     PlaceholderProvisioner,
 )
-from jupyter_notebookos.launchers.kubernetes.objects import make_priority_class
+from jupyter_notebookos.launchers.kubernetes.objects import kernel_secret_name, make_priority_class
 from jupyter_notebookos.replication import protocol
 from jupyter_notebookos.scheduler import Scheduler
 
@@ -145,11 +145,15 @@ async def test_kernel_start_creates_three_anti_affine_pods_with_the_replica_prot
         assert env[protocol.ENV_HOST] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
         assert env[protocol.ENV_ETCD_ENDPOINTS] == ",".join(gateway.platform.etcd_endpoints)
         assert env[protocol.ENV_ETCD_PREFIX] == gateway.platform.etcd_prefix
-        assert env[protocol.ENV_OBJECT_STORE_URL] == f"s3://notebookos-store/objects/kernels/{KERNEL}"  # its own prefix
-        assert env[protocol.ENV_KEY] == "0123456789abcdef"
+        assert env[protocol.ENV_OBJECT_STORE_URL] == f"s3://notebookos-store/objects/kernels/{KERNEL}"
+        # The kernel's HMAC key only by reference to the kernel's Secret: a pod spec reader cannot sign messages.
+        assert env[protocol.ENV_KEY] == {"secretKeyRef": {"name": kernel_secret_name(KERNEL), "key": protocol.ENV_KEY}}
+        assert "0123456789abcdef" not in json.dumps(pod)
         assert "NOTEBOOKOS_STATE_DIR" not in env  # the gateway's own directory means nothing in a pod
         devices = json.loads(env[protocol.ENV_GPU_DEVICES])
         assert [d["index"] for d in devices] == list(range(8)) and not any(d["simulated"] for d in devices)
+    (secret,) = gateway.cluster.secrets(f"kernel_id={KERNEL}")
+    assert secret["stringData"][protocol.ENV_KEY] == "0123456789abcdef"
     assert not start.done()  # waiting for the replicas to register
     for pod in pods:
         await register(gateway.platform, pod)

@@ -144,6 +144,8 @@ async def test_the_kernelspec_config_and_kernel_variables_reach_locked_down_pods
             "secretKeyRef": {"name": kernel_secret_name(kernel_id), "key": protocol.ENV_ETCD_PASSWORD}
         }
         assert password not in json.dumps(pod) and ROOT_PASSWORD not in json.dumps(pod)
+        hmac_key = secret["stringData"][protocol.ENV_KEY]
+        assert env[protocol.ENV_KEY]["secretKeyRef"]["key"] == protocol.ENV_KEY and hmac_key not in json.dumps(pod)
         assert TOKEN not in json.dumps(pod)
         assert env[protocol.ENV_OBJECT_STORE_URL].endswith(f"/kernels/{kernel_id}")
     # Deleting the kernel deletes its pods and its Secret.

@@ -212,7 +212,7 @@ class KubernetesLauncher(PodConfig):
         namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         key = f"{namespace}/{name}"
         self._known_kernels.add(spec.kernel_id)
-        if spec.secret_env:
+        if objects.kernel_secret_values(spec):
             await self._ensure_secret(spec, settings, namespace)
         self._wakeups[key] = asyncio.Event()
         create = asyncio.ensure_future(asyncio.to_thread(self.core_api.create_namespaced_pod, namespace, pod))

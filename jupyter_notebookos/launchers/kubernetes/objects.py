@@ -151,7 +151,7 @@ def _replica_env(spec: ReplicaSpec, request: ReplicaPodRequest, settings: PodSet
         and name not in _STRUCTURED_ENV
         and name not in _GATEWAY_ONLY_ENV
         and name not in downward
-        and name not in spec.secret_env
+        and name not in kernel_secret_values(spec)
         and ENV_NAME.match(name)
     }
     env: list[dict[str, Any]] = [{"name": n, "value": v} for n, v in sorted({**passed, **ours}.items())]
@@ -159,7 +159,7 @@ def _replica_env(spec: ReplicaSpec, request: ReplicaPodRequest, settings: PodSet
     secret = kernel_secret_name(spec.kernel_id)
     env.extend(
         {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": name}}}
-        for name in sorted(spec.secret_env)
+        for name in sorted(kernel_secret_values(spec))
         if name not in ours
     )
     # The node and pod are known only once scheduled: take them from the downward API.
@@ -207,13 +207,27 @@ def owner_references(settings: PodSettings, namespace: str) -> list[dict[str, An
     ]
 
 
+#: Variables of a replica's plain environment that are secrets of its kernel: the HMAC key that signs its Jupyter
+#: messages (whoever can read a pod spec must not be able to forge them). They go into the kernel's Secret too.
+SECRET_ENV_NAMES = frozenset({protocol.ENV_KEY})
+
+
+def kernel_secret_values(spec: ReplicaSpec) -> dict[str, str]:
+    """What of ``spec`` goes into the kernel's Secret: its ``secret_env`` and the secrets among its variables."""
+    return {
+        **{name: str(spec.env[name]) for name in SECRET_ENV_NAMES if spec.env.get(name)},
+        **spec.secret_env,
+    }
+
+
 def make_kernel_secret(spec: ReplicaSpec, settings: PodSettings, namespace: str) -> dict[str, Any]:
-    """The Secret with one kernel's own credentials (``spec.secret_env``), which its replica pods reference.
+    """The Secret with one kernel's own credentials (:func:`kernel_secret_values`), which its replica pods reference.
 
     Owned by the release's owner object (uninstall removes it); the launcher deletes it with the kernel.
     """
     check_label_value("kernel id", spec.kernel_id)
-    for name in spec.secret_env:
+    values = kernel_secret_values(spec)
+    for name in values:
         if not SECRET_KEY.match(name):
             raise InvalidKernelRequest(f"secret variable name {name!r} cannot be a Kubernetes Secret key")
     metadata: dict[str, Any] = {
@@ -232,7 +246,7 @@ def make_kernel_secret(spec: ReplicaSpec, settings: PodSettings, namespace: str)
         "kind": "Secret",
         "metadata": metadata,
         "type": "Opaque",
-        "stringData": dict(sorted(spec.secret_env.items())),
+        "stringData": dict(sorted(values.items())),
     }
 
 
