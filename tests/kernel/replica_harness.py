@@ -129,7 +129,9 @@ class Replica:
         while not (idle and cell.reply):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"cell did not finish in {timeout} s:\n{code}\n--- replica log:\n{self.log()}")
+                raise TimeoutError(
+                    f"cell did not finish in {timeout} s:\n{code}\n--- replica log:\n{self.log()}"
+                )
             if not cell.reply:
                 try:
                     reply = client.get_shell_msg(timeout=min(remaining, 0.05))
@@ -247,7 +249,9 @@ class ReplicaFactory:
             if kv is not None:
                 return p.ReplicaRegistration.from_json(kv.value)
             if replica.proc.poll() is not None:
-                raise AssertionError(f"replica {replica.rid} exited with {replica.proc.returncode}:\n{replica.log()}")
+                raise AssertionError(
+                    f"replica {replica.rid} exited with {replica.proc.returncode}:\n{replica.log()}"
+                )
             time.sleep(0.05)
         raise AssertionError(f"replica {replica.rid} did not register in {timeout} s:\n{replica.log()}")
 
@@ -273,7 +277,9 @@ class ReplicaFactory:
             if (self.applied(rid) or 0) >= seq:
                 return
             time.sleep(0.02)
-        raise AssertionError(f"replica {rid} did not apply seq {seq} in {timeout} s (applied {self.applied(rid)})")
+        raise AssertionError(
+            f"replica {rid} did not apply seq {seq} in {timeout} s (applied {self.applied(rid)})"
+        )
 
     def wait_record(self, seq: int, timeout: float = 10) -> p.LogRecord:
         deadline = time.monotonic() + timeout

@@ -229,7 +229,9 @@ def test_unpicklable_variable_warns_once_and_cell_succeeds(replicas: ReplicaFact
     r0 = replicas.start("r0")
     r1 = replicas.start("r1")
     fence = replicas.elect("r0")
-    cell = r0.execute("import threading\nlock = threading.Lock()\nkept = [1, 2]\nprint('ran')", CellDirective(1, fence))
+    cell = r0.execute(
+        "import threading\nlock = threading.Lock()\nkept = [1, 2]\nprint('ran')", CellDirective(1, fence)
+    )
     assert cell.status == "ok" and cell.stdout == "ran\n"
     assert cell.stderr.count("NotebookOS:") == 1, cell.stderr
     assert "lock" in cell.stderr and "will not survive a failover or migration" in cell.stderr
@@ -237,7 +239,9 @@ def test_unpicklable_variable_warns_once_and_cell_succeeds(replicas: ReplicaFact
     assert cell.meta["unserializable"] == ["lock"]
     assert replicas.wait_record(1).unserializable == ["lock"]
     replicas.wait_applied("r1", 1)
-    out = r1.execute("print(kept)\ntry:\n    lock.acquire()\nexcept Exception as e:\n    print(type(e).__name__, e)")
+    out = r1.execute(
+        "print(kept)\ntry:\n    lock.acquire()\nexcept Exception as e:\n    print(type(e).__name__, e)"
+    )
     assert out.stdout.startswith("[1, 2]\nUnreplicatedValueError variable 'lock' was not replicated")
 
 
