@@ -237,3 +237,44 @@ async def test_scale_out_asks_for_placeholders_off_existing_hosts_and_scale_in_d
     await gateway.provisioner.provision(1, on_ready)
     assert ready == [("gpu-new", 8)]
     assert len(gateway.cluster.pods("component=notebookos-placeholder")) == 1
+
+
+@pytest.mark.asyncio
+async def test_the_kernelspec_config_reaches_replacement_replicas_and_is_recorded_for_a_restart(
+    gateway: K8sGateway,
+) -> None:
+    gateway.cluster.add_node("gpu-d", gpus=8)
+    await until(lambda: "gpu-d" in gateway.hosts())
+    config = {"cpus": "3", "memory": "5Gi", "memory_limit": "9Gi", "launch_timeout": 20}
+    start = asyncio.ensure_future(
+        gateway.platform.start_kernel(
+            kernel_id=KERNEL,
+            kernel_name="python3-notebookos",
+            ip="127.0.0.1",
+            ports=free_ports(5),
+            key=b"0123456789abcdef",
+            signature_scheme="hmac-sha256",
+            env={"KERNEL_GPUS": "1", "KERNEL_MEMORY": "6Gi"},
+            launch_timeout=20.0,
+            config=config,
+        )
+    )
+    pods = await run_replica_pods(gateway.cluster, 3)
+    for pod in pods:
+        await register(gateway.platform, pod)
+    await asyncio.wait_for(start, 10)
+    expected = {"requests": {"cpu": "3", "memory": "6Gi"}, "limits": {"memory": "9Gi"}}  # KERNEL_MEMORY wins
+    assert all(p["spec"]["containers"][0]["resources"] == expected for p in pods)
+    # A replacement replica (here a migration's target) is built from the same config.
+    record = gateway.platform.kernels[KERNEL]
+    (target,) = {"gpu-a", "gpu-b", "gpu-c", "gpu-d"} - {h.host for h in record.handles.values()}
+    move = asyncio.ensure_future(gateway.platform.migrate(KERNEL, "0", target))
+    (new_pod,) = await run_replica_pods(gateway.cluster, 1, skip={p["metadata"]["name"] for p in pods})
+    assert new_pod["spec"]["containers"][0]["resources"] == expected
+    await register(gateway.platform, new_pod)
+    await asyncio.wait_for(move, 10)
+    # The session record a restarted gateway re-attaches from carries it.
+    coordinator = gateway.platform.coordinator
+    assert coordinator is not None
+    session = json.loads((await coordinator.get(coordinator.keys.kernel(KERNEL))).value)
+    assert session["config"] == config
