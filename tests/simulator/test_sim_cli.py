@@ -18,7 +18,8 @@ def test_json_is_exactly_one_object_in_the_issue_schema(capsys):
     out = capsys.readouterr().out
     document = json.loads(out)
     assert out.count("\n") == 1
-    assert set(document) == {"window", "policies", "saved_gpu_hours_vs_reservation"}
+    assert set(document) == {"window", "model", "policies", "saved_gpu_hours_vs_reservation"}
+    assert document["model"]["culling"] == "production" and document["model"]["idle_timeout_min"] == 30
     assert set(document["window"]) == {"start_hour", "hours", "sessions", "tasks"}
     assert set(document["policies"]) == {"notebookos", "reservation", "batch"}
     for figures in document["policies"].values():
@@ -31,6 +32,9 @@ def test_json_is_exactly_one_object_in_the_issue_schema(capsys):
             "migrations",
             "scale_outs",
             "scale_ins",
+            "restores",
+            "late_by_cause",
+            "p99_tail_by_cause",
         }
         assert set(figures["delay_s"]) == {"p50", "p95", "p99", "max"}
     assert document["saved_gpu_hours_vs_reservation"]["reservation"] == 0.0
@@ -51,6 +55,8 @@ def test_window_of_a_trace_and_policy_subset(write_csv, capsys):
             "max-waste",
             "--idle-timeout-min",
             "0",
+            "--culling",
+            "keep-alive",
             "--json",
             "--no-progress",
         ]
