@@ -125,6 +125,11 @@ class Scheduler(Configurable):
         replica hosts can bind its GPUs gets one replica moved to a host that can, before its next cell
         arrives (the cell would otherwise wait for that migration). 0 turns this off.""",
     ).tag(config=True)
+    headroom_placement = Bool(
+        True,
+        help="""NotebookOS: place one replica of a new kernel on a host that can bind its whole GPU request
+        now (best fit), so its first cell needs no migration; the others on the least subscribed hosts.""",
+    ).tag(config=True)
     prepare_min_gpus = Int(
         1,
         help="Ahead-of-time moves only for kernels that ask for at least this many GPUs per cell.",

@@ -33,6 +33,7 @@ class SchedulerSettings:
     max_prepare_migrations_per_round: int = 8
     prepare_min_gpus: int = 1
     executor_fit: str = "best-fit"
+    headroom_placement: bool = True
 
     @property
     def replicas(self) -> int:

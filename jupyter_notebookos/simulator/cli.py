@@ -43,6 +43,7 @@ SCHEDULER_KNOBS = {
     "ready_host_buffer": "ready_host_buffer",
     "max_prepare_migrations_per_round": "max_prepare_migrations_per_round",
     "executor_fit": "executor_fit",
+    "headroom_placement": "headroom_placement",
 }
 
 
@@ -247,6 +248,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     scaling.add_argument(
         "--executor-fit", choices=("sticky", "best-fit"), help="NotebookOS executor choice among replicas"
+    )
+    scaling.add_argument(
+        "--headroom-placement",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="NotebookOS: one replica of a new kernel where its next cell can bind its GPUs now",
     )
     scaling.add_argument(
         "--autoscale-interval-s", type=float, default=60.0, help="seconds between autoscaling rounds (60)"
