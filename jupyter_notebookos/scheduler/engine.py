@@ -130,6 +130,11 @@ class Scheduler(Configurable):
         help="""NotebookOS: place one replica of a new kernel on a host that can bind its whole GPU request
         now (best fit), so its first cell needs no migration; the others on the least subscribed hosts.""",
     ).tag(config=True)
+    prepare_on_cell_start = Bool(
+        True,
+        help="""NotebookOS: plan ahead-of-time moves also right after a cell takes GPUs (prepare_moves),
+        not only once per autoscaling round, so kernels stranded by that cell move before their next cell.""",
+    ).tag(config=True)
     prepare_min_gpus = Int(
         1,
         help="Ahead-of-time moves only for kernels that ask for at least this many GPUs per cell.",
@@ -540,6 +545,19 @@ class Scheduler(Configurable):
             )
         self._tick(now)
         return decision
+
+    def prepare_moves(self, now: float) -> tuple[MigrationPlan, ...]:
+        """Ahead-of-time moves for idle kernels stranded since the last round (see ``readiness``).
+
+        Call it right after a cell took GPUs, off that cell's critical path: the kernels that counted on
+        those GPUs get a replica moved now instead of at the next autoscaling round. Run the plans like
+        any other migration. Empty unless ``prepare_on_cell_start`` is on.
+        """
+        if not self.settings.prepare_on_cell_start:
+            return ()
+        self._tick(now)
+        queued = {c.kernel_id for c in self.queue.cells()} if len(self.queue) else set()
+        return tuple(readiness.plan_moves(self.model, self.settings, queued))
 
     # --- queries --------------------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ class SchedulerSettings:
     ready_host_buffer: int = 3
     max_prepare_migrations_per_round: int = 8
     prepare_min_gpus: int = 1
+    prepare_on_cell_start: bool = True
     executor_fit: str = "best-fit"
     headroom_placement: bool = True
 

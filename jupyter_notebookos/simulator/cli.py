@@ -44,6 +44,7 @@ SCHEDULER_KNOBS = {
     "max_prepare_migrations_per_round": "max_prepare_migrations_per_round",
     "executor_fit": "executor_fit",
     "headroom_placement": "headroom_placement",
+    "prepare_on_cell_start": "prepare_on_cell_start",
 }
 
 
@@ -254,6 +255,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="NotebookOS: one replica of a new kernel where its next cell can bind its GPUs now",
+    )
+    scaling.add_argument(
+        "--prepare-on-cell-start",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="NotebookOS: ahead-of-time moves also right after a cell takes GPUs, not only once per round",
     )
     scaling.add_argument(
         "--autoscale-interval-s", type=float, default=60.0, help="seconds between autoscaling rounds (60)"

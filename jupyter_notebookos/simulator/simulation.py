@@ -405,6 +405,8 @@ class Simulation:
         self.metrics.busy_gpus.add(now, task.gpus)
         self.metrics.committed_gpus.set(now, self.scheduler.model.busy)
         self._push(now + task.duration_s, TASK_END, i, k)
+        for plan in self.scheduler.prepare_moves(now):  # kernels this cell stranded, off its critical path
+            self._begin_migration(now, plan)
 
     def _on_task_end(self, now: float, i: int, k: int) -> None:
         session = self._sessions[i]

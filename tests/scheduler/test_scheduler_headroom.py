@@ -102,3 +102,20 @@ def test_a_small_kernel_takes_the_tightest_host_and_leaves_the_whole_one():
     tightest = min((n for n, i in idle.items() if i >= 2), key=lambda n: idle[n])
     assert tightest in hosts
     assert isinstance(s.request_cell("small", "c", 1.0), RunCell)
+
+
+def test_prepare_moves_right_after_a_cell_strands_a_kernel_and_can_be_turned_off():
+    for enabled in (True, False):
+        # pad0 (idle, 8 GPUs) sits on h0, h1, h2 and can start a cell only on h2; pad1 sits on h1, h2, h3
+        s = _cluster([8, 8, 0, 2, 0], [(8, 0), (8, 1)], headroom=False)
+        s.prepare_on_cell_start = enabled
+        assert ready(s.model, s.model.kernels["pad0"]) and s.prepare_moves(1.0) == ()
+        took = s.request_cell("pad1", "c", 2.0)
+        assert isinstance(took, RunCell) and took.host == "h2"
+        assert not ready(s.model, s.model.kernels["pad0"])
+        plans = s.prepare_moves(2.0)
+        if not enabled:
+            assert plans == ()
+            continue
+        (plan,) = plans
+        assert (plan.kernel_id, plan.trigger, plan.target) == ("pad0", "prepare", "h4")
