@@ -29,10 +29,10 @@ class PrewarmSettings:
     - `margin`: the window is the quantile times this (returns a little later than seen before).
     """
 
-    quantile: float = 0.9
-    max_standby_s: float = 6 * 3600.0
+    quantile: float = 1.0
+    max_standby_s: float = 24 * 3600.0
     min_history: int = 1
-    default_standby_s: float = 0.0
+    default_standby_s: float = 4 * 3600.0
     margin: float = 1.25
 
     def __post_init__(self) -> None:
