@@ -88,6 +88,10 @@ def test_table_output_and_plots(tmp_path: Path, capsys):
         ([*SYNTHETIC, "--gpus-per-host", "0"], "--gpus-per-host must be >= 1"),
         ([*SYNTHETIC, "--start-hour", "max-waste"], "needs --window-hours"),
         ([*SYNTHETIC, "--restore-s", "-3"], "--restore-s must be >= 0"),
+        ([*SYNTHETIC, "--host-release-s", "-1"], "--host-release-s must be >= 0"),
+        ([*SYNTHETIC, "--restart-lead-min", "-1"], "--restart-lead-min must be >= 0"),
+        ([*SYNTHETIC, "--prewarm-quantile", "1.5"], "--prewarm-quantile must be between 0 and 1"),
+        ([*SYNTHETIC, "--prewarm-margin", "0.5"], "--prewarm-margin must be >= 1"),
     ],
 )
 def test_bad_input_gives_one_line_and_status_2(argv, message, capsys):
@@ -118,3 +122,19 @@ def test_the_parser_can_be_mounted_as_a_subcommand(capsys):
     args = parser.parse_args(["simulate", *SYNTHETIC, "--policies", "notebookos", "--json"])
     assert run(args) == 0
     assert list(json.loads(capsys.readouterr().out)["policies"]) == ["notebookos"]
+
+
+def test_the_production_culler_is_the_default_and_keep_alive_is_the_sensitivity_option(capsys):
+    documents = {}
+    for model in ("production", "keep-alive"):
+        assert main([*SYNTHETIC, "--culling", model, "--json"]) == 0
+        documents[model] = json.loads(capsys.readouterr().out)
+    production, keep_alive = documents["production"], documents["keep-alive"]
+    assert production["model"]["culling"] == "production" and production["model"]["kernel_restarts"] > 0
+    assert keep_alive["model"]["kernel_restarts"] == 0
+    # the culler frees the GPUs Reservation held through long gaps: its bill falls
+    reserved = {m: d["policies"]["reservation"]["provisioned_gpu_hours"] for m, d in documents.items()}
+    assert reserved["production"] < reserved["keep-alive"]
+    # a restarted NotebookOS kernel restores its state from the store (counted), unless pre-warmed before
+    assert production["policies"]["notebookos"]["restores"] > 0
+    assert keep_alive["policies"]["notebookos"]["restores"] == 0
