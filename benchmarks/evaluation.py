@@ -61,6 +61,8 @@ FRONTIER: list[tuple[str, list[str]]] = [
     ("defaults, 4 ready hosts", ["--ready-host-buffer", "4"]),
     ("defaults, 6 ready hosts", ["--ready-host-buffer", "6"]),
     ("defaults, 8 ready hosts", ["--ready-host-buffer", "8"]),
+    ("ready hosts from observed arrivals, p 0.95", ["--ready-host-probability", "0.95"]),
+    ("ready hosts from observed arrivals, p 0.99", ["--ready-host-probability", "0.99"]),
 ]
 
 

@@ -45,6 +45,10 @@ SCHEDULER_KNOBS = {
     "executor_fit": "executor_fit",
     "headroom_placement": "headroom_placement",
     "prepare_on_cell_start": "prepare_on_cell_start",
+    "ready_host_probability": "ready_host_probability",
+    "ready_host_lead_s": "ready_host_lead_s",
+    "ready_host_min": "ready_host_min",
+    "ready_host_max": "ready_host_max",
 }
 
 
@@ -243,6 +247,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ready-host-buffer", type=int, help="hosts kept able to bind the largest request (NotebookOS)"
     )
     scaling.add_argument(
+        "--ready-host-probability",
+        type=float,
+        help="size the ready-host buffer from observed large-cell arrivals: cover one lead time's arrivals "
+        "with this probability (0: the fixed --ready-host-buffer)",
+    )
+    scaling.add_argument("--ready-host-lead-s", type=float, help="lead time of a new ready host (240)")
+    scaling.add_argument("--ready-host-min", type=int, help="fewest ready hosts sized from arrivals (1)")
+    scaling.add_argument("--ready-host-max", type=int, help="most ready hosts sized from arrivals (8)")
+    scaling.add_argument(
         "--max-prepare-migrations-per-round",
         type=int,
         help="ahead-of-time moves of idle kernels per autoscaling round (NotebookOS; 0: off)",
@@ -325,12 +338,14 @@ def _check(args: argparse.Namespace) -> None:
         "max_scale_in_per_round",
         "max_concurrent_migrations",
         "ready_host_buffer",
+        "ready_host_min",
+        "ready_host_max",
         "max_prepare_migrations_per_round",
         "initial_hosts",
     ):
         v = getattr(args, knob)
         checks.append((v is None or v >= 0, f"--{knob.replace('_', '-')} must be >= 0"))
-    for knob in ("scaling_factor", "subscription_ratio_cap", "replicas_per_kernel"):
+    for knob in ("scaling_factor", "subscription_ratio_cap", "replicas_per_kernel", "ready_host_lead_s"):
         v = getattr(args, knob)
         checks.append((v is None or v > 0, f"--{knob.replace('_', '-')} must be > 0"))
     for ok, message in checks:

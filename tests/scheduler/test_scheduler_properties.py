@@ -235,6 +235,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         kernel_id = data.draw(st.sampled_from(sorted(self.s.model.kernels)))
         self.s.place_missing_replicas(kernel_id, self.tick())
 
+    @rule(probability=st.sampled_from([0.0, 0.9, 0.99]))
+    def size_ready_buffer_from_arrivals(self, probability: float) -> None:
+        """Switch between the fixed ready-host buffer and one sized from observed arrivals."""
+        self.s.ready_host_probability = probability
+        buffer = self.s.ready_buffer(self.now)
+        assert self.s.settings.ready_host_min <= buffer.hosts <= self.s.settings.ready_host_max
+
     @rule()
     def prepare_moves(self) -> None:
         """Ahead-of-time moves right after cells took GPUs: only idle, stranded kernels, to hosts with room."""

@@ -101,8 +101,10 @@ def test_prewarming_finds_a_return_warm_when_the_sessions_history_covers_it():
     tasks = tuple(Task(i * (2 * 3600 + 1800 + 600), 600, 4) for i in range(4))
     workload = apply_idle_culling(Workload("w", (Session.from_tasks("s", tasks),)), 1800)
     assert sum(s.resumed for s in workload.sessions) == 3
-    prewarmed, warm, expired = apply_prewarm(workload, PrewarmSettings(quantile=1.0, margin=1.1))
+    prewarmed, warm, expired = apply_prewarm(workload, PrewarmSettings(quantile=1.0, margin=1.1, default_standby_s=0))
     assert (warm, expired) == (2, 0)
+    # with a default window for a session without history, the first return (2 h after the cull) is warm too
+    assert apply_prewarm(workload, PrewarmSettings(default_standby_s=3 * 3600))[1:] == (3, 0)
     config = SimulationConfig(policy="notebookos", costs=COSTS, initial_hosts=4, scheduler_options={"min_hosts": 4})
     cold = Simulation(workload, config).run()
     hot = Simulation(prewarmed, config).run()
@@ -114,7 +116,7 @@ def test_prewarming_finds_a_return_warm_when_the_sessions_history_covers_it():
 def test_an_expired_standby_window_costs_replica_slots_and_the_return_stays_cold():
     tasks = (Task(0, 600, 8), Task(3 * 3600, 600, 8), Task(20 * 3600, 600, 8))
     workload = apply_idle_culling(Workload("w", (Session.from_tasks("s", tasks),)), 1800)
-    prewarmed, warm, expired = apply_prewarm(workload, PrewarmSettings(quantile=1.0, margin=1.0))
+    prewarmed, warm, expired = apply_prewarm(workload, PrewarmSettings(quantile=1.0, margin=1.0, default_standby_s=0))
     assert (warm, expired) == (0, 1)
     standby = [s for s in prewarmed.sessions if not s.tasks]
     (window,) = standby
