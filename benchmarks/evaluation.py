@@ -55,6 +55,10 @@ FRONTIER: list[tuple[str, list[str]]] = [
     ("defaults (3 ready hosts)", []),
     ("defaults, no pre-warming", ["--prewarm-quantile", "0"]),
     (
+        "defaults, pre-warming at most 24 h (4 h without history, margin 1.25)",
+        ["--prewarm-max-hours", "24", "--prewarm-default-min", "240", "--prewarm-margin", "1.25"],
+    ),
+    (
         "defaults, no headroom placement, moves once per round",
         ["--no-headroom-placement", "--no-prepare-on-cell-start"],
     ),

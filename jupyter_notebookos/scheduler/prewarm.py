@@ -30,10 +30,10 @@ class PrewarmSettings:
     """
 
     quantile: float = 1.0
-    max_standby_s: float = 24 * 3600.0
+    max_standby_s: float = 7 * 24 * 3600.0
     min_history: int = 1
-    default_standby_s: float = 4 * 3600.0
-    margin: float = 1.25
+    default_standby_s: float = 24 * 3600.0
+    margin: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.quantile <= 1.0:
