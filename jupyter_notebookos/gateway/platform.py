@@ -709,6 +709,8 @@ class GatewayPlatform:
         grant = CellGrant(
             record.router_id(decision.replica_id), decision.host, tuple(decision.device_ids), decision.detail
         )
+        if self.autoscaler is not None:  # kernels this cell stranded move now, off its critical path
+            self.autoscaler.start_moves(self.scheduler.prepare_moves(self.now()))
         await self._wait_up_to_date(request, grant, changed)
         self.metrics.queued_ms.observe((time.monotonic() - request.arrived) * 1000.0)
         return grant
