@@ -24,13 +24,19 @@ REPO = Path(__file__).resolve().parents[2]
 class Executor:
     """A real IPython shell whose cells are tracked and encoded like the replica kernel will do it."""
 
-    def __init__(self, shell: InteractiveShell, store: ObjectStore, threshold: int = 1024 * 1024):
+    def __init__(
+        self, shell: InteractiveShell, store: ObjectStore, threshold: int = 1024 * 1024, *, write_tracking: bool = True
+    ):
         self.shell = shell
         self.ns = shell.user_ns
         self.store = store
         self.threshold = threshold
         self.tracker = StateTracker(
-            shell.user_ns, hidden=shell.user_ns_hidden, transform=shell.transform_cell, defer_min_bytes=threshold
+            shell.user_ns,
+            hidden=shell.user_ns_hidden,
+            transform=shell.transform_cell,
+            defer_min_bytes=threshold,
+            write_tracking=write_tracking,
         )
         self.records: list[bytes] = []
         self.deltas: list[StateDelta] = []
