@@ -117,6 +117,7 @@ class ReplicaKernel(IPythonKernel):
             transform=self.shell.transform_cell,
             defer_min_bytes=settings.buffer_threshold,  # what records send out of band, uploaded after settle
         )
+        statelog.lineage = self.tracker.lineage  # records send the changed chunks of buffers replicas hold
         self.applied = FIRST_SEQ - 1
         self._records: dict[int, LogRecord] = {}
         self._record_arrived = asyncio.Event()
@@ -272,6 +273,7 @@ class ReplicaKernel(IPythonKernel):
             self.namespace.pop(name, None)
         self.applied = FIRST_SEQ - 1
         self.tracker.reset()
+        self.tracker.lineage.clear()  # the memory the other replicas' patches were for is gone
         self.restore()
         self._apply_pending()
         self.agent.report_applied(self.applied)

@@ -110,6 +110,8 @@ class ReplicaRegistration:
     applied_seq: int  # the log seq it had restored to when it registered
     transport: str = "tcp"
     pod: str | None = None
+    # How the replica finds the in-place changes a cell made (StateTracker.method), shown by the REST API.
+    change_detection: str = ""
 
     def to_json(self) -> str:
         return _dumps(self)

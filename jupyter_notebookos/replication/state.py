@@ -75,6 +75,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_notebookos.replication.chunks import BufferLineage
 from jupyter_notebookos.replication.fingerprint import Fingerprint, fingerprint
 from jupyter_notebookos.replication.writetrack import PageWriteTracker, open_write_tracker
 
@@ -322,6 +323,8 @@ class StateTracker:
         if write_tracking:
             self.writes, why = open_write_tracker(track_min_bytes)
             self.method = why if self.writes is not None else f"checksum (write tracking {why})"
+        # Which large buffers the other replicas hold, so that records send only their changed chunks.
+        self.lineage = BufferLineage(self.writes)
         self.defer_min_bytes = defer_min_bytes
         self.hidden = hidden
         self.transform = transform or _ipython_transform
@@ -438,8 +441,9 @@ class StateTracker:
         """Apply a state record to this tracker's namespace and keep the baseline in step."""
         from jupyter_notebookos.replication.serialization import apply_record
 
-        rec = apply_record(record, self.user_ns, store)
+        rec = apply_record(record, self.user_ns, store, self.lineage)
         self.refresh([*rec.bound, *rec.deleted, *rec.unserializable])
+        self.lineage.prune()
         return rec
 
     def reset(self) -> None:

@@ -22,7 +22,8 @@ opens the ``userfaultfd`` with ``UFFD_USER_MODE_ONLY``, which an unprivileged pr
 Limits: a page is the unit (a one-byte write marks 4 KiB, or the huge page's 4 KiB sub-pages, dirty), so a
 buffer that shares its first or last page with a neighbouring allocation (arrays below glibc's mmap
 threshold, at most 32 MiB, may sit next to each other on the heap) counts as written when the neighbour's
-edge is written: it is re-sent, which costs bytes, never correctness;
+edge is written. Such a buffer's own bytes in those shared pages are checksummed (a few KiB, read through
+``/proc/self/mem``) when only they were seen written, so a busy neighbour does not make it look changed;
 ``madvise(MADV_DONTNEED)`` on a tracked buffer (which zeroes it) is not a write and is not seen.
 """
 
@@ -37,6 +38,8 @@ import struct
 import sys
 import threading
 from dataclasses import dataclass, field
+
+import xxhash
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +123,26 @@ class _Tracked:
     address: int
     nbytes: int
     generation: int
+    registered: int = 0  # the generation it was registered with: names this registration
+    edges: bytes | None = None  # checksum of its bytes in the pages it shares with its neighbours
     dirty: list[tuple[int, int]] = field(default_factory=list)  # byte spans relative to ``address``
+
+    @property
+    def head(self) -> int:
+        """Bytes of the buffer in its first page when that page also holds something else (else 0)."""
+        offset = self.address % PAGE
+        return 0 if offset == 0 else min(self.nbytes, PAGE - offset)
+
+    @property
+    def tail(self) -> int:
+        """Where the buffer's last page starts when that page also holds something else (else its size)."""
+        end = self.address + self.nbytes
+        return self.nbytes if end % PAGE == 0 else max(self.head, end - end % PAGE - self.address)
+
+    def only_edges(self, spans: list[tuple[int, int]]) -> bool:
+        """Whether every written span lies in the shared first or last page."""
+        head, tail = self.head, self.tail
+        return all(end <= head or start >= tail for start, end in spans)
 
     @property
     def span(self) -> tuple[int, int]:
@@ -154,6 +176,10 @@ class _Channel:
                     err, f"UFFDIO_API with WP_ASYNC (needs Linux 6.7+) failed: {os.strerror(err)}"
                 )
             self.pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+            try:  # reads that fail (EIO) instead of crashing when the memory went away
+                self.mem: int | None = os.open("/proc/self/mem", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self.mem = None
         except BaseException:
             os.close(fd)
             raise
@@ -176,6 +202,7 @@ class PageWriteTracker:
         self.min_bytes = min_bytes
         channel = _Channel.get()
         self._libc, self._uffd, self._pagemap = channel.libc, channel.uffd, channel.pagemap
+        self._mem = channel.mem
         self._lock = threading.Lock()
         self._tracked: dict[tuple[int, int], _Tracked] = {}
         self._regions = (_PageRegion * _REGIONS)()
@@ -216,7 +243,8 @@ class PageWriteTracker:
             return struct.pack("<QQQ", address, view.nbytes, tracked.generation)
 
     def _register(self, address: int, nbytes: int) -> _Tracked | None:
-        tracked = _Tracked(address, nbytes, next(_generations))
+        generation = next(_generations)
+        tracked = _Tracked(address, nbytes, generation, registered=generation)
         start, end = tracked.span
         reg = _UffdRegister(_UffdRange(start, end - start), _UFFDIO_REGISTER_MODE_WP, 0)
         if self._libc.ioctl(self._uffd, ctypes.c_ulong(_UFFDIO_REGISTER), ctypes.byref(reg)) < 0:
@@ -226,6 +254,7 @@ class PageWriteTracker:
             self._scan_span(start, end)  # write-protect every page; what it finds predates the token
         except OSError:
             return None
+        tracked.edges = self._edges(tracked)
         self._tracked[(address, nbytes)] = tracked
         return tracked
 
@@ -257,6 +286,17 @@ class PageWriteTracker:
                 break
             start = arg.walk_end
         return found
+
+    def _edges(self, tracked: _Tracked) -> bytes | None:
+        """A checksum of the buffer's bytes in its shared first and last pages (None: cannot read them)."""
+        head, tail, mem = tracked.head, tracked.tail, self._mem
+        if mem is None or (head == 0 and tail == tracked.nbytes):
+            return None
+        try:
+            data = os.pread(mem, head, tracked.address) + os.pread(mem, tracked.nbytes - tail, tracked.address + tail)
+        except OSError:
+            return None
+        return xxhash.xxh3_128_digest(data)
 
     def scan(self) -> int:
         """Look at every tracked buffer: bump the generation of each one written since the last scan.
@@ -292,7 +332,13 @@ class PageWriteTracker:
                 for key, tracked in group:
                     base, size = tracked.address, tracked.nbytes
                     mine = [(max(s - base, 0), min(e - base, size)) for s, e in spans if s < base + size and e > base]
+                    if mine and tracked.only_edges(mine):
+                        # Only the pages it shares with neighbouring allocations: did its own bytes change?
+                        edges = self._edges(tracked)
+                        if edges is not None and edges == tracked.edges:
+                            continue
                     if mine:
+                        tracked.edges = self._edges(tracked)
                         tracked.generation = next(_generations)
                         tracked.dirty.extend(mine)
                         written.add(key)
@@ -316,6 +362,18 @@ class PageWriteTracker:
             else:
                 merged.append((start, end))
         return merged
+
+    def registration(self, view: memoryview) -> int | None:
+        """The id of ``view``'s current registration (None when not tracked): a buffer that stopped being
+        tracked and was tracked again has lost the record of what was written in between."""
+        address = buffer_address(view)
+        return None if address is None else self.registration_at((address, view.nbytes))
+
+    def registration_at(self, key: tuple[int, int]) -> int | None:
+        """The id of the registration of the buffer at ``(address, size)``, or None."""
+        with self._lock:
+            tracked = self._tracked.get(key)
+            return None if tracked is None else tracked.registered
 
     def forget(self, view: memoryview) -> None:
         """Stop tracking ``view`` (its pages stay registered until the memory is unmapped)."""

@@ -14,6 +14,7 @@ from replica_harness import REPO, Replica, ReplicaFactory
 from jupyter_notebookos.embedded.etcd import EtcdCluster
 from jupyter_notebookos.replication import protocol as p
 from jupyter_notebookos.replication.protocol import CellDirective
+from jupyter_notebookos.replication.writetrack import METHOD, open_write_tracker
 
 # Prints a digest of the user namespace without binding anything in it: values (numpy arrays by dtype,
 # shape and bytes; instances by class and attributes; functions by code), and which names share objects.
@@ -69,6 +70,9 @@ def test_replica_registers_and_runs_user_code(replicas: ReplicaFactory) -> None:
     )
     assert reg.pid == r0.proc.pid and reg.lease > 0 and reg.applied_seq == p.FIRST_SEQ - 1
     assert len({reg.shell_port, reg.iopub_port, reg.stdin_port, reg.control_port, reg.hb_port}) == 5
+    # The change detection method it uses, as GET /api/notebookos/kernels/{id} shows it.
+    tracker, why = open_write_tracker()
+    assert reg.change_detection == (METHOD if tracker is not None else f"checksum (write tracking {why})")
 
     cell = r0.execute("print('hello from', 6 * 7)")
     assert cell.status == "ok" and cell.stdout == "hello from 42\n"

@@ -48,7 +48,7 @@ class Executor:
         delta = self.tracker.after_cell()
         if not result.success:
             raise AssertionError(f"cell failed: {code!r}: {result.error_in_exec or result.error_before_exec}")
-        record = encode_delta(delta, self.store, threshold=self.threshold)
+        record = encode_delta(delta, self.store, threshold=self.threshold, lineage=self.tracker.lineage)
         self.deltas.append(delta)
         self.encoded.append(record)
         self.records.append(record.to_bytes())

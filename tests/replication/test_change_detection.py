@@ -128,3 +128,24 @@ def test_write_tracking_follows_an_array_and_its_view_independently():
         assert tracker.token(ro) is None  # read-only: the caller checksums it
     finally:
         tracker.close()
+
+
+def test_a_write_next_to_a_buffer_in_a_shared_page_does_not_count_as_its_change():
+    if (why := _tracking_available()) is not None:
+        pytest.skip(f"write tracking {why}")
+    from jupyter_notebookos.replication.writetrack import PAGE, buffer_address
+
+    tracker = PageWriteTracker(min_bytes=1)
+    try:
+        arena = bytearray(8 * PAGE)
+        whole = memoryview(arena)
+        skip = (PAGE - (buffer_address(whole) or 0) % PAGE) % PAGE + 100  # 100 bytes into a page
+        buf = whole[skip : skip + 2 * PAGE]  # shares its first and last pages with the rest of the arena
+        token = tracker.token(buf)
+        arena[skip - 1] = 7  # a neighbour's byte in the first page
+        arena[skip + 2 * PAGE + 5] = 7  # and in the last page
+        assert tracker.scan() == 0 and tracker.token(buf) == token
+        arena[skip + 2 * PAGE - 1] = 7  # its own last byte, in the shared page
+        assert tracker.scan() == 1 and tracker.token(buf) != token
+    finally:
+        tracker.close()

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from IPython.core.interactiveshell import InteractiveShell
+from replication_harness import Executor
 
 from jupyter_notebookos.replication.objectstore import ObjectStore
 from jupyter_notebookos.replication.serialization import apply_record, encode_delta
 from jupyter_notebookos.replication.state import StateTracker, cell_bindings
-from replication_harness import Executor
 
 
 @pytest.mark.parametrize(
