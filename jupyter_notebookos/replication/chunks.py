@@ -160,7 +160,8 @@ class BufferLineage:
         if entry.whole is not None:
             # A uint8 array over the fetched bytes: arrays unpickled from it keep it as their base, which is
             # how prune() knows when nothing uses it any more.
-            loaded = numpy.frombuffer(store.get_buffer(entry.whole), dtype=numpy.uint8)
+            loaded = numpy.empty(entry.size, dtype=numpy.uint8)  # not zero-filled: see get_buffer_into
+            store.get_buffer_into(entry.whole, memoryview(loaded))  # type: ignore[arg-type]
             self._adopt(entry.lineage, loaded)
             return loaded
         held = self._memory_of(entry.lineage)

@@ -397,6 +397,7 @@ def encode_values(
             failed.update(culprits)
             for name in culprits:
                 del remaining[name]
+    refs: tuple[BufferRef | TrackedBuffer, ...]
     if lineage is None:
         refs = tuple(store.put_buffer(buf.raw()) for buf in buffers)
     else:  # a checkpoint has every buffer whole (under its lineage); a delta only what changed
