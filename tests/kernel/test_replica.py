@@ -329,3 +329,20 @@ def test_gpu_binding_bookkeeping(monkeypatch: pytest.MonkeyPatch) -> None:
     assert binding.current_devices() == [] and binding.os.environ["CUDA_VISIBLE_DEVICES"] == ""
     with pytest.raises(ValueError, match=r"GPU\(s\) \[7\] were committed"):
         gpus.bind([7])
+
+
+def test_sticky_gpu_state_stays_until_an_evict_request_on_the_control_channel(replicas: ReplicaFactory) -> None:
+    r0 = replicas.start("r0", {p.ENV_GPU_STICKY: "1"})
+    fence = replicas.elect("r0")
+    cell = r0.execute("x = 1", CellDirective(seq=p.FIRST_SEQ, fence=fence, gpus=[1]))
+    assert cell.status == "ok" and cell.meta["gpus"] == [1]
+    # Released after the reply, but the (simulated) device still holds the kernel's GPU state.
+    assert r0.execute("print(get_ipython().kernel.gpus.resident)").stdout == "[1]\n"
+    client = r0.client
+    assert client is not None
+    msg = client.session.msg("notebookos_evict_request", {})
+    client.control_channel.send(msg)
+    reply = client.get_control_msg(timeout=10)
+    assert reply["msg_type"] == "notebookos_evict_reply" and reply["parent_header"]["msg_id"] == msg["header"]["msg_id"]
+    assert reply["content"]["status"] == "ok" and reply["content"]["devices"] == [1]
+    assert r0.execute("print(get_ipython().kernel.gpus.resident)").stdout == "[]\n"
