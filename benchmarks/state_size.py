@@ -154,10 +154,16 @@ def main(argv: list[str] | None = None) -> int:
                     changes.append(took)
 
         run_both(kernels, "state.clear()", client)
-        # The 100 MB array cell, kernels interleaved; THP state of each kernel afterwards.
+        # The 100 MB array cell, kernels interleaved (as benchmarks/replicated_kernel.py: each NotebookOS cell's
+        # followers apply it before the next cell, so their work does not land in the next reply on this
+        # machine, where all three replicas share its cores); THP state of each kernel afterwards.
         for i in range(args.arrays):
             for label in ("plain", "notebookos") if i % 2 == 0 else ("notebookos", "plain"):
-                arrays[label].append(kernels[label].run(ARRAY_CELL.format(i=i), timeout=600))
+                kernel = kernels[label]
+                arrays[label].append(kernel.run(ARRAY_CELL.format(i=i), timeout=600))
+                if label == "notebookos":
+                    assert kernel.last_reply is not None
+                    wait_applied(client, kernel.kernel_id, int(kernel.last_reply.notebookos["seq"]), 600)
         for label, kernel in kernels.items():
             pid = int(kernel.conn.execute("print(os.getpid())", 30).stdout.strip())
             huge[label] = anon_huge_kb(pid)
