@@ -16,6 +16,7 @@ import websocket
 from support import REPO, Platform, jupyter_server, processes_of, start_platform, stop_platform, wait_for
 
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
+from jupyter_notebookos.replication.writetrack import METHOD
 
 KERNEL = "python3-notebookos"
 
@@ -41,6 +42,9 @@ def test_three_replicas_on_distinct_hosts_and_every_output_exactly_once(kernel: 
     hosts = [r["host"] for r in info["replicas"]]
     assert len(hosts) == 3 and len(set(hosts)) == 3
     assert all(r["state"] == "ready" and r["pid"] for r in info["replicas"])
+    # Each replica says how it finds in-place changes (kernel write tracking, or checksums where unavailable).
+    methods = [r["change_detection"] for r in info["replicas"]]
+    assert all(m == METHOD or m.startswith("checksum") for m in methods), methods
 
     with client.connect(kernel_id) as conn:
         result = conn.execute(

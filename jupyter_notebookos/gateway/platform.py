@@ -836,6 +836,7 @@ class GatewayPlatform:
                     "applied_seq": router.state_seq.get(rid, -1),
                     "pid": registration.pid if registration else handle.pid,
                     "pod": registration.pod if registration else handle.pod,
+                    "change_detection": registration.change_detection if registration else None,
                 }
             )
         summary = router.summary()
