@@ -35,9 +35,7 @@ apt_install() {
 # --- Python 3.11 -------------------------------------------------------------------------------------------
 PY="${PYTHON:-}"
 if [ -z "$PY" ]; then
-    # The system's interpreter first: kernels run as their own unprivileged users (LocalLauncher.kernel_users),
-    # so the gateway's Python must be readable by every user (a pyenv under /root is not).
-    for candidate in /usr/bin/python3.11 python3.11 python3; do
+    for candidate in python3.11 python3; do
         if command -v "$candidate" >/dev/null 2>&1 &&
             "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
             PY="$(command -v "$candidate")"; break

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import requests
 import websocket
-from support import NOTEBOOKOS, REPO, Platform, free_port, start_platform, stop_platform, wait_for
+from support import NOTEBOOKOS, REPO, Platform, free_port, jupyter_server, start_platform, stop_platform, wait_for
 
 from jupyter_notebookos.client import GatewayClient, GatewayError
 
@@ -544,32 +544,8 @@ def test_a_hub_that_is_down_fails_requests_clearly_and_is_asked_again(hub: Hub, 
 
 def test_a_hub_users_jupyter_server_reaches_only_that_users_kernels(hub: Hub, hub_up: Platform, tmp_path: Path) -> None:
     """As JupyterHub deploys it: a single-user Jupyter server with --gateway-url and its user's own Hub token."""
-    lab_python = REPO / ".venv-lab" / "bin" / "python"
-    if not lab_python.exists():
-        pytest.skip(".venv-lab is missing (run the bootstrap)")
     erin_token, frank = hub.user_token("erin"), GatewayClient(hub_up.url, hub.user_token("frank"))
-    port, server_token = free_port(), secrets.token_hex(16)
-    server = subprocess.Popen(
-        [
-            str(lab_python),
-            "-m",
-            "jupyter_server",
-            "--no-browser",
-            "--ip=127.0.0.1",
-            f"--port={port}",
-            f"--IdentityProvider.token={server_token}",
-            f"--gateway-url={hub_up.url}",
-            f"--GatewayClient.auth_token={erin_token}",
-            f"--ServerApp.root_dir={tmp_path}",
-            "--allow-root",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        erin = GatewayClient(f"http://127.0.0.1:{port}", server_token)
-        wait_for(lambda: _answers(erin), 60, "the Jupyter server to answer")
+    with jupyter_server(hub_up.url, erin_token, tmp_path) as erin:
         kernel_id = erin.start_kernel(KERNEL)
         with erin.connect(kernel_id) as conn:
             assert conn.execute("import os\nos.environ['KERNEL_NOTEBOOKOS_OWNER']").result_text() == "'erin'"
@@ -578,14 +554,3 @@ def test_a_hub_users_jupyter_server_reaches_only_that_users_kernels(hub: Hub, hu
         with pytest.raises(GatewayError, match=REFUSED):
             frank.request("POST", f"/api/kernels/{kernel_id}/interrupt")
         erin.shutdown_kernel(kernel_id)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(20)
-
-
-def _answers(client: GatewayClient) -> bool:
-    try:
-        client.request("GET", "/api/status", timeout=2)
-    except (GatewayError, requests.RequestException):
-        return False
-    return True

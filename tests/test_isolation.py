@@ -160,6 +160,9 @@ def test_a_kernel_cannot_read_another_kernels_files_environment_or_the_gateways_
         seen = _json_cell(conn_b, FILE_ATTACK.replace("PATHS", repr(paths)))
         uid_a = _json_cell(conn_a, "import os\n_out = {'uid': os.getuid()}")["uid"]
         assert seen["uid"] != 0 and uid_a != 0 and seen["uid"] != uid_a, (seen, uid_a)
+        # Running as its own user costs a replica nothing it needs of itself (its /proc/self, for write tracking).
+        methods = [r.get("change_detection") or "" for r in client.notebookos_kernel(a)["replicas"]]
+        assert methods and not any("Permission denied" in m for m in methods), methods
         refused = {k: v for k, v in seen.items() if k not in ("uid", "read its own objects")}
         assert set(refused.values()) == {"PermissionError"}, seen
         assert seen["read its own objects"] == "allowed"

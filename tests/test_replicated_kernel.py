@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 import websocket
-from support import REPO, Platform, free_port, processes_of, start_platform, stop_platform, wait_for
+from support import REPO, Platform, jupyter_server, processes_of, start_platform, stop_platform, wait_for
 
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
+from jupyter_notebookos.replication.writetrack import METHOD
 
 KERNEL = "python3-notebookos"
 
@@ -42,6 +42,9 @@ def test_three_replicas_on_distinct_hosts_and_every_output_exactly_once(kernel: 
     hosts = [r["host"] for r in info["replicas"]]
     assert len(hosts) == 3 and len(set(hosts)) == 3
     assert all(r["state"] == "ready" and r["pid"] for r in info["replicas"])
+    # Each replica says how it finds in-place changes (kernel write tracking, or checksums where unavailable).
+    methods = [r["change_detection"] for r in info["replicas"]]
+    assert all(m == METHOD or m.startswith("checksum") for m in methods), methods
 
     with client.connect(kernel_id) as conn:
         result = conn.execute(
@@ -235,31 +238,7 @@ def test_malformed_and_oversized_websocket_messages_leave_the_kernel_working(
 
 
 def test_jupyter_server_with_gateway_url_runs_notebookos_cells(shared_up: Platform, tmp_path: Path) -> None:
-    lab_python = REPO / ".venv-lab" / "bin" / "python"
-    if not lab_python.exists():
-        pytest.skip(".venv-lab is missing (run the bootstrap)")
-    port, token = free_port(), "lab-token"
-    server = subprocess.Popen(
-        [
-            str(lab_python),
-            "-m",
-            "jupyter_server",
-            "--no-browser",
-            "--ip=127.0.0.1",
-            f"--port={port}",
-            f"--IdentityProvider.token={token}",
-            f"--gateway-url={shared_up.url}",
-            f"--GatewayClient.auth_token={shared_up.token}",
-            f"--ServerApp.root_dir={tmp_path}",
-            "--allow-root",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        client = GatewayClient(f"http://127.0.0.1:{port}", token)
-        wait_for(lambda: _answers(client), 60, "the Jupyter server to answer")
+    with jupyter_server(shared_up.url, shared_up.token, tmp_path) as client:
         specs = client.request("GET", "/api/kernelspecs")["kernelspecs"]
         assert KERNEL in specs
         kernel_id = client.start_kernel(KERNEL)
@@ -270,17 +249,6 @@ def test_jupyter_server_with_gateway_url_runs_notebookos_cells(shared_up: Platfo
                 assert result.notebookos["replica"] is not None
         finally:
             client.shutdown_kernel(kernel_id)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(20)
-
-
-def _answers(client: GatewayClient) -> bool:
-    try:
-        client.request("GET", "/api/status", timeout=2)
-    except Exception:
-        return False
-    return True
 
 
 def test_a_replica_that_never_registers_fails_the_start_clearly(tmp_path: Path) -> None:

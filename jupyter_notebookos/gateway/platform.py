@@ -96,6 +96,8 @@ class KernelRecord:
     router_ids: dict[int, str] = field(default_factory=dict)
     # The kernel's own etcd credentials (what its replicas get; never the gateway's).
     access: KernelAccess | None = None
+    # The kernelspec's process_proxy config (image, resources...), given to the launcher with every replica.
+    config: dict[str, Any] = field(default_factory=dict)
 
     def router_id(self, scheduler_id: int) -> str:
         """The replica process that stands for the scheduler's replica ``scheduler_id`` now."""
@@ -315,6 +317,7 @@ class GatewayPlatform:
             on_replica_lost=self._on_replica_lost,
         )
         record = KernelRecord(kernel_id, session["kernel_name"], gpus, router, dict(session.get("env") or {}))
+        record.config = dict(session.get("config") or {})
         assert self.access is not None
         record.access = await self.access.restore(kernel_id, str(session.get("etcd_password") or ""))
         record.started_at = float(session.get("started_at", record.started_at))
@@ -369,8 +372,11 @@ class GatewayPlatform:
         signature_scheme: str,
         env: dict[str, str],
         launch_timeout: float | None = None,
+        config: dict[str, Any] | None = None,
     ) -> ReplicaRouter:
-        """Place the kernel's replicas, bind its router, start the replicas and wait until they registered."""
+        """Place the kernel's replicas, bind its router, start the replicas and wait until they registered.
+
+        ``config`` is the kernelspec's ``process_proxy.config``: every replica's launcher gets it."""
         if not self.ready.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.ready.wait(), self.etcd_timeout * 4)
@@ -395,6 +401,7 @@ class GatewayPlatform:
             on_replica_lost=self._on_replica_lost,
         )
         record = KernelRecord(kernel_id, kernel_name, gpus, router, env, next_replica=len(placement.replicas))
+        record.config = dict(config or {})
         self.kernels[kernel_id] = record
         try:
             record.access = await self.access.create(kernel_id)
@@ -428,6 +435,7 @@ class GatewayPlatform:
                         "signature_scheme": signature_scheme,
                         "started_at": record.started_at,
                         "env": {k: v for k, v in env.items() if k.startswith("KERNEL_")},
+                        "config": record.config,
                         # Only the gateway's admin user can read this record (the kernel's role covers its
                         # sub-keys, not the record): a restarted gateway restores the kernel's etcd identity.
                         "etcd_password": record.access.etcd_password,
@@ -486,6 +494,7 @@ class GatewayPlatform:
             kernel_name=record.kernel_name,
             env=self._replica_env(record, host),
             secret_env=record.access.secret_env() if record.access is not None else {},
+            config=dict(record.config),
         )
         record.router.expect(replica_id)
         record.handles[replica_id] = await self.launcher.start_replica(spec)
@@ -700,6 +709,8 @@ class GatewayPlatform:
         grant = CellGrant(
             record.router_id(decision.replica_id), decision.host, tuple(decision.device_ids), decision.detail
         )
+        if self.autoscaler is not None:  # kernels this cell stranded move now, off its critical path
+            self.autoscaler.start_moves(self.scheduler.prepare_moves(self.now()))
         await self._wait_up_to_date(request, grant, changed)
         self.metrics.queued_ms.observe((time.monotonic() - request.arrived) * 1000.0)
         return grant
@@ -825,6 +836,7 @@ class GatewayPlatform:
                     "applied_seq": router.state_seq.get(rid, -1),
                     "pid": registration.pid if registration else handle.pid,
                     "pod": registration.pod if registration else handle.pod,
+                    "change_detection": registration.change_detection if registration else None,
                 }
             )
         summary = router.summary()

@@ -10,6 +10,12 @@ the replica kernel uses:
   previous :meth:`~GpuBinding.release` moved to host memory goes back to the device.
 - :meth:`GpuBinding.release` moves GPU-resident framework state in the user namespace to host memory, so
   the next executor of the kernel can be another replica, and leaves the process holding no device.
+  With ``sticky`` (the replica's ``NOTEBOOKOS_GPU_STICKY``), release leaves the state on the device instead
+  (:attr:`GpuBinding.resident`): moving gigabytes out after every cell and back before the next costs
+  seconds, for nothing when the next cell runs here on the same device, which is the scheduler's first
+  choice. :meth:`GpuBinding.evict` moves it out when the GPU is given to someone else (the replica does it on
+  a ``notebookos_evict_request`` on its control channel), and :meth:`GpuBinding.bind` to another device
+  evicts first.
 
 Simulated GPUs (hosts without NVML) get the same bookkeeping and no framework calls.
 
@@ -24,10 +30,12 @@ here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -70,8 +78,7 @@ class HostGpu:
             ]
         except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(
-                "NOTEBOOKOS_GPU_DEVICES is not a JSON list of {'index', 'uuid', 'simulated'} objects: "
-                f"{exc}"
+                f"NOTEBOOKOS_GPU_DEVICES is not a JSON list of {{'index', 'uuid', 'simulated'}} objects: {exc}"
             ) from exc
 
 
@@ -89,6 +96,8 @@ class ReleaseResult:
 
     offloaded: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    kept_on: list[int] = field(default_factory=list)  # sticky: the devices still holding the state
+    seconds: float = 0.0
 
 
 class GpuFramework(Protocol):
@@ -111,8 +120,8 @@ class GpuFramework(Protocol):
     def offload(self, ns: MutableMapping[str, Any]) -> list[str]:
         """Move GPU-resident values of ``ns`` to host memory, keeping aliases aliases; returns the names."""
 
-    def unbind(self) -> None:
-        """Reset the default device to the CPU and return cached device memory."""
+    def unbind(self, release_memory: bool = True) -> None:
+        """Reset the default device to the CPU; with ``release_memory``, return cached device memory."""
 
 
 class TorchFramework:
@@ -204,13 +213,13 @@ class TorchFramework:
             memo[key] = result
         return result
 
-    def unbind(self) -> None:
+    def unbind(self, release_memory: bool = True) -> None:
         torch = self._torch()
         if torch is None:
             return
         if hasattr(torch, "set_default_device"):
             torch.set_default_device(None)
-        if self.initialised():
+        if release_memory and self.initialised():
             torch.cuda.empty_cache()
 
 
@@ -222,11 +231,13 @@ class GpuBinding:
     could see when it initialised.
     """
 
-    def __init__(self, devices: Sequence[HostGpu], frameworks: Sequence[GpuFramework] | None = None):
+    def __init__(
+        self, devices: Sequence[HostGpu], frameworks: Sequence[GpuFramework] | None = None, *, sticky: bool = False
+    ):
         self.devices = {d.index: d for d in devices}
-        self.frameworks: list[GpuFramework] = (
-            list(frameworks) if frameworks is not None else [TorchFramework()]
-        )
+        self.sticky = sticky
+        self._resident: tuple[int, ...] = ()  # sticky: devices holding the user's state between cells
+        self.frameworks: list[GpuFramework] = list(frameworks) if frameworks is not None else [TorchFramework()]
         self.simulated = all(d.simulated for d in devices)
         self._bound: tuple[int, ...] = ()
         self._offloaded: list[str] = []
@@ -243,6 +254,11 @@ class GpuBinding:
         """The host ordinals bound now."""
         return list(self._bound)
 
+    @property
+    def resident(self) -> list[int]:
+        """The devices that still hold the user's GPU state between cells (sticky release); empty if none."""
+        return list(self._resident)
+
     def bind(self, ordinals: Sequence[int], ns: MutableMapping[str, Any] | None = None) -> BindResult:
         """Make ``ordinals`` (host device ordinals) the current devices for the user's code.
 
@@ -253,10 +269,14 @@ class GpuBinding:
         unknown = [o for o in ordinals if o not in self.devices]
         if unknown:
             raise ValueError(
-                f"GPU(s) {unknown} were committed to this cell but this host has devices "
-                f"{sorted(self.devices)}"
+                f"GPU(s) {unknown} were committed to this cell but this host has devices {sorted(self.devices)}"
             )
         result = BindResult(devices=list(ordinals))
+        if self._resident and tuple(ordinals) != self._resident:
+            # The state is on other devices than this cell's: out to host memory, then in again below.
+            result.warnings.extend(self.evict(ns).warnings)
+        elif self._resident:
+            self._resident = ()  # the same devices: the state is where the cell needs it, nothing moves
         if not self.simulated:
             self._note_cuda_init()  # before the environment changes: CUDA may have started in an unbound cell
         self._bound = tuple(ordinals)
@@ -274,9 +294,7 @@ class GpuBinding:
                 if ns is not None and self._offloaded:
                     fw.to_device(ns, self._offloaded, local[0])
             except Exception as exc:  # a framework failure must not fail the cell before it starts
-                result.warnings.append(
-                    f"NotebookOS: could not make GPU {list(ordinals)} current for {fw.name}: {exc}"
-                )
+                result.warnings.append(f"NotebookOS: could not make GPU {list(ordinals)} current for {fw.name}: {exc}")
         self._offloaded = []
         return result
 
@@ -287,6 +305,19 @@ class GpuBinding:
         was_bound = self._bound
         self._bound = ()
         _current = ()
+        if self.sticky and was_bound:
+            # Keep the state on the device until the GPU is given to someone else (evict) or the next cell
+            # is bound to other devices.
+            self._resident = was_bound
+            result.kept_on = list(was_bound)
+            if not self.simulated:
+                for fw in self.frameworks:
+                    if fw.loaded():
+                        with contextlib.suppress(Exception):
+                            fw.unbind(release_memory=False)
+            if self._cuda_visible_at_init is None:
+                self._set_env(())
+            return result
         if not self.simulated and was_bound:
             self._note_cuda_init()
             for fw in self.frameworks:
@@ -307,15 +338,42 @@ class GpuBinding:
             self._set_env(())
         return result
 
+    def evict(self, ns: MutableMapping[str, Any] | None = None) -> ReleaseResult:
+        """Move the state a sticky release left on the devices to host memory, and free the devices' memory.
+
+        Called when the scheduler gives the GPU to another kernel (the replica's control request), or by
+        :meth:`bind` for other devices. A no-op when nothing is resident or a cell holds the devices now."""
+        started = time.perf_counter()
+        result = ReleaseResult()
+        resident, self._resident = self._resident, ()
+        if not resident or self._bound:
+            self._resident = resident if self._bound else ()
+            return result
+        if not self.simulated:
+            self._note_cuda_init()
+            for fw in self.frameworks:
+                if not fw.loaded():
+                    continue
+                try:
+                    if ns is not None:
+                        result.offloaded.extend(fw.offload(ns))
+                    fw.unbind(release_memory=True)
+                except Exception as exc:
+                    result.warnings.append(
+                        f"NotebookOS: could not move {fw.name} state off GPU {list(resident)}: {exc}. "
+                        "It stays on the device."
+                    )
+        self._offloaded = sorted(set(result.offloaded))
+        result.seconds = time.perf_counter() - started
+        return result
+
     # -- internals ---------------------------------------------------------------------------------
 
     def _set_env(self, ordinals: Sequence[int]) -> None:
         os.environ[CUDA_VISIBLE_DEVICES] = ",".join(str(o) for o in ordinals)
 
     def _note_cuda_init(self) -> None:
-        if self._cuda_visible_at_init is None and any(
-            fw.loaded() and fw.initialised() for fw in self.frameworks
-        ):
+        if self._cuda_visible_at_init is None and any(fw.loaded() and fw.initialised() for fw in self.frameworks):
             raw = os.environ.get(CUDA_VISIBLE_DEVICES, "")
             self._cuda_visible_at_init = tuple(int(x) for x in raw.split(",") if x.strip().isdigit())
 

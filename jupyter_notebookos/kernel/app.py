@@ -140,6 +140,7 @@ class ReplicaApp(IPKernelApp):
             applied_seq=kernel.applied,
             transport="tcp",
             pod=settings.pod,
+            change_detection=kernel.tracker.method,
         )
         self.agent.register(registration)
         logging.getLogger("jupyter_notebookos.kernel").info(

@@ -108,7 +108,8 @@ class ReplicaKernel(IPythonKernel):
         self.settings = settings
         self.agent = agent
         self.statelog = statelog
-        self.gpus = GpuBinding(settings.gpus)
+        self.gpus = GpuBinding(settings.gpus, sticky=settings.gpu_sticky)
+        self.control_handlers["notebookos_evict_request"] = self.evict_request
         assert self.shell is not None
         # The shell's own transformer manager (built once): a new one per cell costs about a millisecond.
         self.tracker = StateTracker(
@@ -117,6 +118,7 @@ class ReplicaKernel(IPythonKernel):
             transform=self.shell.transform_cell,
             defer_min_bytes=settings.buffer_threshold,  # what records send out of band, uploaded after settle
         )
+        statelog.lineage = self.tracker.lineage  # records send the changed chunks of buffers replicas hold
         self.applied = FIRST_SEQ - 1
         self._records: dict[int, LogRecord] = {}
         self._record_arrived = asyncio.Event()
@@ -272,6 +274,7 @@ class ReplicaKernel(IPythonKernel):
             self.namespace.pop(name, None)
         self.applied = FIRST_SEQ - 1
         self.tracker.reset()
+        self.tracker.lineage.clear()  # the memory the other replicas' patches were for is gone
         self.restore()
         self._apply_pending()
         self.agent.report_applied(self.applied)
@@ -541,6 +544,36 @@ class ReplicaKernel(IPythonKernel):
         if cell is not None and cell.pending is not None and cell.pending.unserializable:
             info["unserializable"] = cell.pending.unserializable
         return info
+
+    # -- GPU eviction ----------------------------------------------------------------------------------
+
+    async def evict_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """``notebookos_evict_request`` (control channel): the GPU this replica's state stays on (sticky
+        release) is given to someone else; move the state to host memory. Runs on the shell's loop, between
+        requests, and replies with the names moved, the devices freed and the seconds it took."""
+        loop = self.io_loop
+        assert loop is not None and self.session is not None
+        done: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+
+        def evict() -> None:
+            try:
+                devices = self.gpus.resident
+                result = self.gpus.evict(self.namespace)
+                done.set_result(
+                    {
+                        "status": "ok",
+                        "devices": devices if not self.gpus.resident else [],
+                        "offloaded": result.offloaded,
+                        "seconds": result.seconds,
+                        "warnings": result.warnings,
+                    }
+                )
+            except Exception as exc:
+                done.set_result({"status": "error", "ename": type(exc).__name__, "evalue": str(exc)})
+
+        loop.add_callback(evict)
+        content = await asyncio.wrap_future(done)
+        self.session.send(stream, "notebookos_evict_reply", content, parent, ident=ident)
 
     # -- shutdown --------------------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ _MS_REMOUNT = 32
 _MS_BIND = 4096
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
+_PR_SET_DUMPABLE = 4
 
 
 class SandboxError(RuntimeError):
@@ -107,6 +108,11 @@ def become_kernel_user(uid: int) -> None:
     os.setuid(uid)
     if os.getuid() != uid or os.geteuid() != uid:
         raise SandboxError(f"still running as uid {os.geteuid()} after taking uid {uid}")
+    # Changing credentials made the process non-dumpable, which hands its /proc/self files to root: the state
+    # tracker's write tracking reads /proc/self/pagemap. Dumpable again, they are the kernel's user's (only
+    # processes of this same kernel may then inspect it).
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0) != 0:
+        raise SandboxError(f"cannot make the replica dumpable again: {os.strerror(ctypes.get_errno())}")
 
 
 def check() -> None:

@@ -50,6 +50,7 @@ class ReplicaSettings:
     advertise_ip: str = "127.0.0.1"
     lease_ttl: int = p.DEFAULT_LEASE_TTL
     gpus: list[HostGpu] = field(default_factory=list)
+    gpu_sticky: bool = False  # keep GPU state on the device between cells (GpuBinding.sticky)
     buffer_threshold: int = p.DEFAULT_BUFFER_THRESHOLD
     checkpoint_every: int = p.DEFAULT_CHECKPOINT_EVERY
     pod: str | None = None
@@ -101,6 +102,7 @@ class ReplicaSettings:
             advertise_ip=advertise,
             lease_ttl=_int(env, p.ENV_LEASE_TTL, p.DEFAULT_LEASE_TTL, 1),
             gpus=gpus,
+            gpu_sticky=env.get(p.ENV_GPU_STICKY, "").strip().lower() in ("1", "true", "yes"),
             buffer_threshold=_int(env, p.ENV_BUFFER_THRESHOLD, p.DEFAULT_BUFFER_THRESHOLD, 0),
             checkpoint_every=_int(env, p.ENV_CHECKPOINT_EVERY, p.DEFAULT_CHECKPOINT_EVERY, 1),
             pod=env.get(p.ENV_POD_NAME, "").strip() or None,

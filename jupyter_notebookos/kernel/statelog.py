@@ -5,8 +5,10 @@ Publishing is split in two around the ``execute_reply`` (DESIGN.md section 2, st
 1. :func:`serialize_delta`, before the reply, pickles the delta with its large buffers out of band. The
    buffers are *views of the live objects* (no copy, no hashing), so this costs one pickling of the small
    values; it is also where we learn which names cannot be serialized, in time to warn in the cell's output.
-2. :meth:`StateLog.finish`, after the reply, uploads those buffers (content-addressed) and, when the
-   serialized delta is too large for etcd, the delta itself, and returns the :class:`LogRecord` to publish.
+2. :meth:`StateLog.finish`, after the reply, uploads those buffers (content-addressed; a write-tracked buffer
+   the other replicas already hold goes as the chunks written since the previous record, see
+   replication/chunks.py) and, when the serialized delta is too large for etcd, the delta itself, and returns
+   the :class:`LogRecord` to publish.
 
 Between the two the namespace must not change: the replica kernel runs nothing else until the record is
 published (``ReplicaKernel._quiesce``).
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jupyter_notebookos.kernel.settings import INLINE_PAYLOAD_LIMIT
+from jupyter_notebookos.replication.chunks import BufferLineage, TrackedBuffer
 from jupyter_notebookos.replication.digest import as_bytes_view, content_digest
 from jupyter_notebookos.replication.objectstore import BufferCorruptError, BufferMissingError, BufferRef, ObjectStore
 from jupyter_notebookos.replication.protocol import CheckpointPointer, LogRecord
@@ -93,19 +96,33 @@ def serialize_delta(delta: StateDelta | None, threshold: int) -> PendingDelta:
 class StateLog:
     """Builds and reads the log records and checkpoints of one kernel, against its object store."""
 
-    def __init__(self, store: ObjectStore, replica_id: str, *, inline_limit: int = INLINE_PAYLOAD_LIMIT):
+    def __init__(
+        self,
+        store: ObjectStore,
+        replica_id: str,
+        *,
+        inline_limit: int = INLINE_PAYLOAD_LIMIT,
+        lineage: BufferLineage | None = None,
+    ):
         self.store = store
         self.replica_id = replica_id
         self.inline_limit = inline_limit
+        # The replica's buffer lineages (its state tracker's): with it, records carry changed chunks only.
+        self.lineage = lineage
+
+    def _upload(self, view: memoryview) -> BufferRef | TrackedBuffer:
+        if self.lineage is None:
+            return self.store.put_buffer(view)
+        return self.lineage.encode(view, self.store)
 
     def finish(self, pending: PendingDelta, seq: int, msg_id: str) -> LogRecord:
         """Upload ``pending``'s buffers (and its payload when large); return the record to publish."""
         if pending.empty:
             return LogRecord(seq=seq, kind="delta", msg_id=msg_id, replica_id=self.replica_id)
-        refs = tuple(self.store.put_buffer(view) for view in pending.views)
+        refs = tuple(self._upload(view) for view in pending.views)
         record = dataclasses.replace(pending.record, buffers=refs)
         data = record.to_bytes()
-        objects = [ref.key for ref in refs]
+        objects = record.object_keys
         payload: str | None = None
         payload_ref: str | None = None
         if len(data) <= self.inline_limit:
@@ -144,9 +161,7 @@ class StateLog:
         """A content-addressed object by key, checked against the digest its key names."""
         data = bytes(self.store.fs.cat_file(f"{self.store.root}/{key}"))
         if content_digest(data) != key.rsplit("/", 1)[-1]:
-            raise BufferCorruptError(
-                f"object {key} in {self.store.url} does not match its digest: it is damaged."
-            )
+            raise BufferCorruptError(f"object {key} in {self.store.url} does not match its digest: it is damaged.")
         return data
 
     # -- checkpoints ----------------------------------------------------------------------------------
@@ -166,7 +181,11 @@ class StateLog:
 
     def finish_checkpoint(self, pending: PendingDelta, seq: int) -> CheckpointPointer:
         """Upload a pickled namespace as the checkpoint for log record ``seq``; returns its pointer."""
-        refs = tuple(self.store.put_buffer(view) for view in pending.views)
+        lineage = self.lineage
+        refs = tuple(
+            lineage.encode_whole(view, self.store) if lineage is not None else self.store.put_buffer(view)
+            for view in pending.views
+        )
         record = dataclasses.replace(pending.record, buffers=refs)
         data = record.to_bytes()
         ref = self.store.put_checkpoint(seq, data)

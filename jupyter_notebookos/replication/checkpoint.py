@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_notebookos.replication.chunks import BufferLineage
 from jupyter_notebookos.replication.config import DEFAULT_BUFFER_THRESHOLD
 from jupyter_notebookos.replication.objectstore import ObjectStore
 from jupyter_notebookos.replication.serialization import StateRecord, apply_record, encode_values
@@ -33,13 +34,18 @@ def make_checkpoint(
     *,
     hidden: Mapping[str, Any] | None = None,
     threshold: int = DEFAULT_BUFFER_THRESHOLD,
+    lineage: BufferLineage | None = None,
 ) -> StateRecord:
     """Serialize every user variable of ``user_ns`` (one pickle) into a checkpoint record.
 
-    Large buffers go to ``store``; ``record.unserializable`` names the values that could not be saved.
+    Large buffers go to ``store``, whole; with ``lineage`` (the executor's) under their lineage ids, so that
+    a replica restored from the checkpoint can apply later records that patch them.
+    ``record.unserializable`` names the values that could not be saved.
     """
     values = {n: v for n, v in list(user_ns.items()) if is_user_name(n, v, hidden)}
-    return encode_values(values, namespace=user_ns, store=store, kind="checkpoint", threshold=threshold)
+    return encode_values(
+        values, namespace=user_ns, store=store, kind="checkpoint", threshold=threshold, lineage=lineage
+    )
 
 
 def restore(
@@ -47,6 +53,7 @@ def restore(
     records: Iterable[bytes | StateRecord],
     store: ObjectStore,
     user_ns: dict[str, Any] | None = None,
+    lineage: BufferLineage | None = None,
 ) -> dict[str, Any]:
     """Rebuild a namespace from a checkpoint (or from nothing) and the log records written after it.
 
@@ -54,10 +61,11 @@ def restore(
     get it as their globals) or into a new dict; returns that namespace.
     """
     ns: dict[str, Any] = user_ns if user_ns is not None else {"__builtins__": __builtins__}
+    lineage = lineage if lineage is not None else BufferLineage(None)  # patches apply to what was loaded
     if checkpoint is not None:
-        apply_record(checkpoint, ns, store)
+        apply_record(checkpoint, ns, store, lineage)
     for record in records:
-        apply_record(record, ns, store)
+        apply_record(record, ns, store, lineage)
     return ns
 
 

@@ -2,11 +2,12 @@
 
 Two different hashes, for two different jobs:
 
-- :func:`buffer_checksum` answers "did this buffer change since the last cell?". It runs over every byte of
-  the notebook's state after every cell, so it must run at memory speed: CRC-32 per 4 MiB chunk (zlib,
-  about 4 GB/s per core on the machines we measured, and it releases the GIL so chunks run in parallel).
-  A random change goes unnoticed with probability 2**-32 per chunk; CRC-32 never misses a change confined to
-  32 consecutive bits. Fine for change detection, not for naming content.
+- :func:`buffer_checksum` answers "did this buffer change since the last cell?" where the kernel cannot tell
+  us (see writetrack.py, the primary method). It runs over every byte of such buffers after every cell, so
+  it must run at memory speed: XXH3-128 per 4 MiB chunk (about 8.5 GB/s per core here, against 1.9 GB/s
+  for zlib's CRC-32; one thread: the binding keeps the GIL). A random change goes unnoticed with
+  probability 2**-128 per chunk. Fine for change detection, not for naming content (not collision
+  resistant against an adversary).
 - :func:`content_digest` names a buffer in the object store (content addressing, deduplication, integrity
   check on read), so it must be collision resistant: SHA-256 over the concatenated SHA-256 digests of the
   4 MiB chunks (a one-level hash tree, so chunks hash in parallel; hashlib also releases the GIL).
@@ -17,10 +18,11 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
+
+import xxhash
 
 CHUNK_BYTES = 4 * 1024 * 1024
 # Below this size a thread hop costs more than it saves.
@@ -54,10 +56,12 @@ def as_bytes_view(data: bytes | bytearray | memoryview) -> memoryview:
 
 
 def buffer_checksum(data: bytes | bytearray | memoryview) -> bytes:
-    """A fast change checksum of ``data``: its length and one CRC-32 per 4 MiB chunk, packed."""
+    """A fast change checksum of ``data``: its length and one XXH3-128 per 4 MiB chunk, packed."""
     view = as_bytes_view(data)
-    crcs = _map_chunks(zlib.crc32, view)
-    return struct.pack(f"<Q{len(crcs)}I", len(view), *crcs)
+    # Serially: the xxhash binding keeps the GIL, so a thread pool only adds overhead (measured: 0.45 s per
+    # GB through the pool, 0.21 s per GB in one thread, on a busy 2-core machine).
+    digests = [xxhash.xxh3_128_digest(view[i : i + CHUNK_BYTES]) for i in range(0, len(view), CHUNK_BYTES)]
+    return struct.pack("<Q", len(view)) + b"".join(digests or [xxhash.xxh3_128_digest(view)])
 
 
 def _sha256_digest(chunk: memoryview) -> bytes:

@@ -129,6 +129,34 @@ class ObjectStore:
             )
         return out
 
+    def get_buffer_into(self, ref: BufferRef, out: memoryview) -> None:
+        """Read a buffer into ``out`` (writable, exactly ``ref.size`` bytes), with the checks of get_buffer.
+
+        For large buffers: ``bytearray(size)`` zero-fills while holding the GIL (seconds per GB on a busy
+        machine, long enough for a replica to miss its etcd lease); ``out`` can be memory that is not
+        touched until ``readinto`` fills it with the GIL released (``numpy.empty``)."""
+        path = self._path(ref.key)
+        if len(out) != ref.size:
+            raise ValueError(f"buffer {ref.key} has {ref.size} bytes; the target has {len(out)}")
+        try:
+            with self.fs.open(path, "rb") as f:
+                got = f.readinto(out) if hasattr(f, "readinto") else _read_into(f, out)  # type: ignore[arg-type]
+                extra = f.read(1)
+        except FileNotFoundError as exc:
+            raise BufferMissingError(
+                f"buffer {ref.key} ({ref.size} bytes) is missing from the object store {self.url}: the "
+                "state that refers to it cannot be restored. It was deleted while still referenced, or this "
+                "replica is configured with a different object store than the executor."
+            ) from exc
+        except Exception as exc:
+            raise self._unreachable(f"read buffer {ref.key}", exc) from exc
+        if got != ref.size or extra:
+            raise BufferCorruptError(
+                f"buffer {ref.key} in {self.url} has the wrong size (expected {ref.size} bytes): it is damaged."
+            )
+        if self.verify and content_digest(out) != ref.digest:
+            raise BufferCorruptError(f"buffer {ref.key} in {self.url} does not match its digest: it is damaged.")
+
     def exists(self, key: str) -> bool:
         """Whether ``key`` is in the store."""
         try:

@@ -68,6 +68,7 @@ ENV_LEASE_TTL = "NOTEBOOKOS_LEASE_TTL"  # seconds; default DEFAULT_LEASE_TTL
 ENV_GPU_DEVICES = (
     "NOTEBOOKOS_GPU_DEVICES"  # JSON list of the host's devices: [{"index", "uuid", "simulated"}]
 )
+ENV_GPU_STICKY = "NOTEBOOKOS_GPU_STICKY"  # "1": GPU state stays on the device between cells until evicted
 ENV_BUFFER_THRESHOLD = "NOTEBOOKOS_BUFFER_THRESHOLD"  # bytes above which buffers go to the object store
 ENV_CHECKPOINT_EVERY = "NOTEBOOKOS_CHECKPOINT_EVERY"  # records in the log before a checkpoint is taken
 ENV_POD_NAME = "NOTEBOOKOS_POD_NAME"  # Kubernetes: the pod's name (downward API), for the registration
@@ -115,6 +116,8 @@ class ReplicaRegistration:
     applied_seq: int  # the log seq it had restored to when it registered
     transport: str = "tcp"
     pod: str | None = None
+    # How the replica finds the in-place changes a cell made (StateTracker.method), shown by the REST API.
+    change_detection: str = ""
 
     def to_json(self) -> str:
         return _dumps(self)

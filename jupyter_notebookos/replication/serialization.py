@@ -4,7 +4,10 @@ A record is ``b"NBS1"``, a 4-byte little-endian header length, a JSON header and
 
     header  {"k": "delta" | "checkpoint",
              "b": [bound names, in payload order], "d": [deleted names],
-             "x": [[size, digest], ...]   out-of-band buffers, in the order the pickle consumes them
+             "x": [[size, digest], ...]   out-of-band buffers, in the order the pickle consumes them; a
+                                          write-tracked one is [size, digest, lineage] (whole) or
+                                          [size, {"l": lineage, "c": [[offset, digest, size], ...]}]
+                                          (the chunks that changed: chunks.py)
              "u": {name: reason}}         names whose value could not be serialized
     payload cloudpickle (protocol 5) of the list of bound values, ALL IN ONE PICKLE
 
@@ -39,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
+from jupyter_notebookos.replication.chunks import BufferLineage, TrackedBuffer
 from jupyter_notebookos.replication.config import DEFAULT_BUFFER_THRESHOLD
 from jupyter_notebookos.replication.objectstore import BufferRef, ObjectStore
 
@@ -253,25 +257,31 @@ class StateRecord:
 
     ``bound`` names get the payload's values, in order; ``deleted`` names are removed; ``unserializable``
     maps names whose value could not be serialized to the reason (a replica binds an
-    :class:`UnreplicatedValue` there); ``buffers`` point at the out-of-band buffers in the object store.
+    :class:`UnreplicatedValue` there); ``buffers`` point at the out-of-band buffers in the object store
+    (whole, or as the changed chunks of a buffer the replicas hold: :class:`chunks.TrackedBuffer`).
     """
 
     kind: str
     bound: tuple[str, ...] = ()
     deleted: tuple[str, ...] = ()
-    buffers: tuple[BufferRef, ...] = ()
+    buffers: tuple[BufferRef | TrackedBuffer, ...] = ()
     unserializable: Mapping[str, str] = field(default_factory=dict)
     payload: bytes = b""
 
     @property
     def object_keys(self) -> list[str]:
         """The object-store keys this record needs (what garbage collection must keep)."""
-        return [ref.key for ref in self.buffers]
+        return [ref.key for ref in self.stored_refs]
+
+    @property
+    def stored_refs(self) -> list[BufferRef]:
+        """Every object this record needs from the store (whole buffers and chunks)."""
+        return [r for entry in self.buffers for r in (entry.refs if isinstance(entry, TrackedBuffer) else [entry])]
 
     @property
     def buffer_bytes(self) -> int:
-        """Bytes of state this record keeps in the object store."""
-        return sum(ref.size for ref in self.buffers)
+        """Bytes of state this record keeps in the object store (for a patch, its chunks only)."""
+        return sum(ref.size for ref in self.stored_refs)
 
     def warning(self) -> str | None:
         """The one user-facing warning about unserializable names, or None when every value replicated."""
@@ -293,7 +303,9 @@ class StateRecord:
         if self.deleted:
             header["d"] = list(self.deleted)
         if self.buffers:
-            header["x"] = [[ref.size, ref.digest] for ref in self.buffers]
+            header["x"] = [
+                ref.to_header() if isinstance(ref, TrackedBuffer) else [ref.size, ref.digest] for ref in self.buffers
+            ]
         if self.unserializable:
             header["u"] = dict(self.unserializable)
         head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
@@ -317,12 +329,17 @@ class StateRecord:
             kind=header["k"],
             bound=tuple(header.get("b", ())),
             deleted=tuple(header.get("d", ())),
-            buffers=tuple(
-                BufferRef(key=ObjectStore.buffer_key(d), size=s, digest=d) for s, d in header.get("x", ())
-            ),
+            buffers=tuple(_buffer_entry(entry) for entry in header.get("x", ())),
             unserializable=header.get("u", {}),
             payload=raw[8 + size :],
         )
+
+
+def _buffer_entry(entry: Any) -> BufferRef | TrackedBuffer:
+    try:
+        return TrackedBuffer.from_header(entry)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RecordFormatError(f"state record header has a damaged buffer entry: {exc}") from exc
 
 
 def _dump(
@@ -356,11 +373,13 @@ def encode_values(
     deleted: Iterable[str] = (),
     threshold: int = DEFAULT_BUFFER_THRESHOLD,
     unserializable: Mapping[str, str] | None = None,
+    lineage: BufferLineage | None = None,
 ) -> StateRecord:
     """Serialize ``values`` together into a record; large buffers go to ``store``.
 
     ``namespace`` is the namespace the values live in (for notebook functions). A value that cannot be
-    pickled does not stop the others: it is left out and named in ``StateRecord.unserializable``.
+    pickled does not stop the others: it is left out and named in ``StateRecord.unserializable``. With
+    ``lineage``, write-tracked buffers the replicas already hold go as the chunks that changed (chunks.py).
     """
     remaining = dict(values)
     failed: dict[str, str] = dict(unserializable or {})
@@ -378,7 +397,12 @@ def encode_values(
             failed.update(culprits)
             for name in culprits:
                 del remaining[name]
-    refs = tuple(store.put_buffer(buf.raw()) for buf in buffers)
+    refs: tuple[BufferRef | TrackedBuffer, ...]
+    if lineage is None:
+        refs = tuple(store.put_buffer(buf.raw()) for buf in buffers)
+    else:  # a checkpoint has every buffer whole (under its lineage); a delta only what changed
+        encode = lineage.encode_whole if kind == "checkpoint" else lineage.encode
+        refs = tuple(encode(buf.raw(), store) for buf in buffers)
     return StateRecord(
         kind=kind,
         bound=tuple(remaining),
@@ -390,7 +414,11 @@ def encode_values(
 
 
 def encode_delta(
-    delta: StateDelta, store: ObjectStore, *, threshold: int = DEFAULT_BUFFER_THRESHOLD
+    delta: StateDelta,
+    store: ObjectStore,
+    *,
+    threshold: int = DEFAULT_BUFFER_THRESHOLD,
+    lineage: BufferLineage | None = None,
 ) -> StateRecord:
     """Serialize one cell's :class:`~jupyter_notebookos.replication.state.StateDelta` into a log record.
 
@@ -404,14 +432,20 @@ def encode_delta(
         deleted=delta.deleted,
         threshold=threshold,
         unserializable=delta.unpicklable,
+        lineage=lineage,
     )
 
 
-def load_values(record: StateRecord, store: ObjectStore, namespace: dict[str, Any]) -> dict[str, Any]:
-    """Unpickle a record's bound values (fetching its buffers); notebook functions get ``namespace``."""
+def load_values(
+    record: StateRecord, store: ObjectStore, namespace: dict[str, Any], lineage: BufferLineage | None = None
+) -> dict[str, Any]:
+    """Unpickle a record's bound values (fetching its buffers); notebook functions get ``namespace``.
+
+    With ``lineage``, patched buffers are applied to this replica's memory of them, in place."""
     if not record.bound:
         return {}
-    buffers = [store.get_buffer(ref) for ref in record.buffers]
+    resolver = lineage if lineage is not None else BufferLineage(None)
+    buffers = [resolver.resolve(ref, store) for ref in record.buffers]
     token = _LOAD_NAMESPACE.set(namespace)
     try:
         values = pickle.loads(record.payload, buffers=buffers)
@@ -421,16 +455,20 @@ def load_values(record: StateRecord, store: ObjectStore, namespace: dict[str, An
 
 
 def apply_record(
-    record: bytes | bytearray | memoryview | StateRecord, user_ns: dict[str, Any], store: ObjectStore
+    record: bytes | bytearray | memoryview | StateRecord,
+    user_ns: dict[str, Any],
+    store: ObjectStore,
+    lineage: BufferLineage | None = None,
 ) -> StateRecord:
     """Apply one record to ``user_ns``: delete its deleted names, bind its bound names.
 
     Everything is loaded before the namespace is touched, so a failure (a missing buffer, a class that does
     not import here) leaves ``user_ns`` exactly as it was. Names the executor could not serialize are bound
-    to an :class:`UnreplicatedValue` that explains itself. Returns the parsed record.
+    to an :class:`UnreplicatedValue` that explains itself. Returns the parsed record. (A patched buffer is
+    written in place once all its chunks are fetched, before the values are unpickled: see chunks.py.)
     """
     rec = record if isinstance(record, StateRecord) else StateRecord.from_bytes(record)
-    values = load_values(rec, store, user_ns)
+    values = load_values(rec, store, user_ns, lineage)
     for name in rec.deleted:
         user_ns.pop(name, None)
     user_ns.update(values)

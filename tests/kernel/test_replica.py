@@ -14,6 +14,7 @@ from replica_harness import REPO, Replica, ReplicaFactory
 from jupyter_notebookos.embedded.etcd import EtcdCluster
 from jupyter_notebookos.replication import protocol as p
 from jupyter_notebookos.replication.protocol import CellDirective
+from jupyter_notebookos.replication.writetrack import METHOD, open_write_tracker
 
 # Prints a digest of the user namespace without binding anything in it: values (numpy arrays by dtype,
 # shape and bytes; instances by class and attributes; functions by code), and which names share objects.
@@ -69,6 +70,9 @@ def test_replica_registers_and_runs_user_code(replicas: ReplicaFactory) -> None:
     )
     assert reg.pid == r0.proc.pid and reg.lease > 0 and reg.applied_seq == p.FIRST_SEQ - 1
     assert len({reg.shell_port, reg.iopub_port, reg.stdin_port, reg.control_port, reg.hb_port}) == 5
+    # The change detection method it uses, as GET /api/notebookos/kernels/{id} shows it.
+    tracker, why = open_write_tracker()
+    assert reg.change_detection == (METHOD if tracker is not None else f"checksum (write tracking {why})")
 
     cell = r0.execute("print('hello from', 6 * 7)")
     assert cell.status == "ok" and cell.stdout == "hello from 42\n"
@@ -325,3 +329,20 @@ def test_gpu_binding_bookkeeping(monkeypatch: pytest.MonkeyPatch) -> None:
     assert binding.current_devices() == [] and binding.os.environ["CUDA_VISIBLE_DEVICES"] == ""
     with pytest.raises(ValueError, match=r"GPU\(s\) \[7\] were committed"):
         gpus.bind([7])
+
+
+def test_sticky_gpu_state_stays_until_an_evict_request_on_the_control_channel(replicas: ReplicaFactory) -> None:
+    r0 = replicas.start("r0", {p.ENV_GPU_STICKY: "1"})
+    fence = replicas.elect("r0")
+    cell = r0.execute("x = 1", CellDirective(seq=p.FIRST_SEQ, fence=fence, gpus=[1]))
+    assert cell.status == "ok" and cell.meta["gpus"] == [1]
+    # Released after the reply, but the (simulated) device still holds the kernel's GPU state.
+    assert r0.execute("print(get_ipython().kernel.gpus.resident)").stdout == "[1]\n"
+    client = r0.client
+    assert client is not None
+    msg = client.session.msg("notebookos_evict_request", {})
+    client.control_channel.send(msg)
+    reply = client.get_control_msg(timeout=10)
+    assert reply["msg_type"] == "notebookos_evict_reply" and reply["parent_header"]["msg_id"] == msg["header"]["msg_id"]
+    assert reply["content"]["status"] == "ok" and reply["content"]["devices"] == [1]
+    assert r0.execute("print(get_ipython().kernel.gpus.resident)").stdout == "[]\n"

@@ -30,10 +30,13 @@ def main() -> None:
     from IPython.core.interactiveshell import InteractiveShell
 
     from jupyter_notebookos.replication.checkpoint import restore
+    from jupyter_notebookos.replication.chunks import BufferLineage
     from jupyter_notebookos.replication.objectstore import ObjectStore
     from jupyter_notebookos.replication.serialization import apply_record
+    from jupyter_notebookos.replication.writetrack import open_write_tracker
 
     store = ObjectStore(sys.argv[1])
+    lineage = BufferLineage(open_write_tracker()[0])  # patched buffers apply to the memory held here
     shell = InteractiveShell.instance()
     ns = shell.user_ns
     while True:
@@ -43,7 +46,7 @@ def main() -> None:
         command, arg = pickle.loads(inp.read(struct.unpack(">I", head)[0]))
         try:
             if command == "apply":
-                result: Any = list(apply_record(arg, ns, store).bound)
+                result: Any = list(apply_record(arg, ns, store, lineage).bound)
             elif command == "restore":
                 checkpoint, records = arg
                 restore(checkpoint, records, store, ns)

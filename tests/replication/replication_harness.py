@@ -24,13 +24,19 @@ REPO = Path(__file__).resolve().parents[2]
 class Executor:
     """A real IPython shell whose cells are tracked and encoded like the replica kernel will do it."""
 
-    def __init__(self, shell: InteractiveShell, store: ObjectStore, threshold: int = 1024 * 1024):
+    def __init__(
+        self, shell: InteractiveShell, store: ObjectStore, threshold: int = 1024 * 1024, *, write_tracking: bool = True
+    ):
         self.shell = shell
         self.ns = shell.user_ns
         self.store = store
         self.threshold = threshold
         self.tracker = StateTracker(
-            shell.user_ns, hidden=shell.user_ns_hidden, transform=shell.transform_cell, defer_min_bytes=threshold
+            shell.user_ns,
+            hidden=shell.user_ns_hidden,
+            transform=shell.transform_cell,
+            defer_min_bytes=threshold,
+            write_tracking=write_tracking,
         )
         self.records: list[bytes] = []
         self.deltas: list[StateDelta] = []
@@ -42,7 +48,7 @@ class Executor:
         delta = self.tracker.after_cell()
         if not result.success:
             raise AssertionError(f"cell failed: {code!r}: {result.error_in_exec or result.error_before_exec}")
-        record = encode_delta(delta, self.store, threshold=self.threshold)
+        record = encode_delta(delta, self.store, threshold=self.threshold, lineage=self.tracker.lineage)
         self.deltas.append(delta)
         self.encoded.append(record)
         self.records.append(record.to_bytes())

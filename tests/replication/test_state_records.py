@@ -128,7 +128,9 @@ def test_checkpoint_plus_later_records_restores_the_executor_namespace(executor,
         "acc = Acc()\nalias = acc.items\nbig = np.arange(2 ** 18, dtype=np.float64)"
     )
     executor.run("acc.add(1)")
-    checkpoint = make_checkpoint(executor.ns, store, hidden=executor.shell.user_ns_hidden)
+    checkpoint = make_checkpoint(
+        executor.ns, store, hidden=executor.shell.user_ns_hidden, lineage=executor.tracker.lineage
+    )
     assert checkpoint.kind == "checkpoint" and checkpoint.buffers and not checkpoint.unserializable
     store.put_checkpoint(2, checkpoint.to_bytes())
     start = len(executor.records)

@@ -1,0 +1,247 @@
+"""Per-cell cost against the state a notebook holds: plain EG kernel vs NotebookOS, in one run.
+
+Starts one platform (`notebookos up --no-lab`), a plain ``python3`` kernel and a ``python3-notebookos`` kernel
+on it, and measures, interleaving the two kernels so that noise on a shared machine hits both alike:
+
+- trivial-cell latency (``pass``), p50 / p99, with 0, 0.25, 1 (and, with ``--max-gb``, more) GB of numpy
+  arrays held in the namespace (both kernels hold the same arrays);
+- a cell changing 1 MiB of a 1 GB array: reply time, bytes published (what the object store grew by: the
+  chunks; the etcd record is a few hundred bytes more), and the time until both followers applied it;
+- a cell creating a 100 MB array, kernels interleaved, with the transparent-huge-page setting and each
+  kernel's AnonHugePages reported (THP moves the baseline between runs).
+
+Memory: a NotebookOS kernel holds its state three times (executor + two followers) and the object store on
+disk; at 1 GB that is 4 GB of kernels. ``--max-gb 2`` adds a 2 GB step (8 GB of kernels: run it alone).
+
+    .venv/bin/python benchmarks/state_size.py [--cells N] [--max-gb 1|2|4] [--arrays N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, suppress
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.replicated_kernel import (  # noqa: E402
+    ARRAY_CELL,
+    NOTEBOOKOS,
+    PLAIN,
+    Kernel,
+    interleaved_latency,
+    percentile,
+    start_kernel,
+    wait_applied,
+)
+from tests.support import processes_of, start_platform, stop_platform  # noqa: E402
+
+GB = 1 << 30
+MIB = 1 << 20
+
+
+def store_bytes(root: Path) -> int:
+    """Bytes of all files under the object store's root."""
+    total = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            with suppress(FileNotFoundError):
+                total += (Path(folder) / name).stat().st_size
+    return total
+
+
+def anon_huge_kb(pid: int) -> int:
+    """AnonHugePages of a process, in KiB (0 when unreadable)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def thp_setting() -> str:
+    """The system's transparent-huge-page mode and defrag setting."""
+    out = []
+    for name in ("enabled", "defrag"):
+        try:
+            text = Path(f"/sys/kernel/mm/transparent_hugepage/{name}").read_text().split()
+            out.append(f"{name}=" + next((w.strip("[]") for w in text if w.startswith("[")), "?"))
+        except OSError:
+            out.append(f"{name}=?")
+    return " ".join(out)
+
+
+def run_both(kernels: dict[str, Kernel], code: str, client, applied: bool = True) -> dict[str, float]:
+    """Run ``code`` on both kernels (plain first); wait until the NotebookOS followers applied it."""
+    took = {}
+    for label, kernel in kernels.items():
+        took[label] = kernel.run(code, timeout=600)
+        if label == "notebookos" and applied:
+            assert kernel.last_reply is not None
+            took["applied"] = wait_applied(client, kernel.kernel_id, int(kernel.last_reply.notebookos["seq"]), 600)
+    return took
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", type=int, default=60, help="trivial cells per kernel and state size")
+    parser.add_argument("--max-gb", type=float, default=1.0, help="largest state held (1, 2 or 4 GB)")
+    parser.add_argument("--changes", type=int, default=5, help="1 MiB-change cells measured")
+    parser.add_argument("--arrays", type=int, default=5, help="100 MB array cells per kernel")
+    parser.add_argument(
+        "--quiet", type=float, default=10.0, help="seconds to let background work (uploads, checkpoints) finish"
+    )
+    args = parser.parse_args(argv)
+    sizes = [0.0, 0.25, 1.0] + [s for s in (2.0, 4.0) if s <= args.max_gb]
+    console = Console(width=160)
+
+    trivial: dict[float, dict[str, list[float]]] = {}
+    changes: list[dict[str, float]] = []
+    arrays: dict[str, list[float]] = {"plain": [], "notebookos": []}
+    huge: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="nbos-state-") as tmp, ExitStack() as stack:
+        console.print(f"starting the platform in {tmp} ...")
+        platform = start_platform(Path(tmp) / "state")
+        stack.callback(stop_platform, platform)
+        client = platform.client
+        objects = Path(platform.state_dir) / "objects"
+        kernels: dict[str, Kernel] = {}
+        for label, name in (("plain", PLAIN), ("notebookos", NOTEBOOKOS)):
+            kernels[label] = start_kernel(client, name)[0]
+            stack.callback(kernels[label].close)
+        nos = kernels["notebookos"]
+        replicas = client.notebookos_kernel(nos.kernel_id)["replicas"]
+        methods = sorted({r.get("change_detection") or "?" for r in replicas})
+        console.print(f"NotebookOS replicas' change detection: {', '.join(methods)}; THP: {thp_setting()}")
+        run_both(kernels, "import numpy as np\nimport os\nstate = {}", client)
+
+        for size in sizes:
+            # The state: one array of `size` GB (the previous step's array is dropped first).
+            if size:
+                run_both(kernels, "state.clear()", client)
+                cell = f"state['held'] = np.full({int(size * GB) // 8}, 1.5)"
+                took = run_both(kernels, cell, client)
+                time.sleep(args.quiet)  # the executor's checkpoint of the new state runs in the background
+                console.print(
+                    f"{size:g} GB held: filling took {took['plain']:.1f} s plain, {took['notebookos']:.1f} s "
+                    f"NotebookOS, followers applied {took['applied']:.1f} s after the reply"
+                )
+            interleaved_latency(kernels, args.cells, 10)
+            trivial[size] = {label: list(k.latencies) for label, k in kernels.items()}
+
+            if size == 1.0:
+                # 1 MiB changed in the 1 GB array, at a different (unaligned) offset each time.
+                for i in range(args.changes):
+                    offset = (i * 97 + 13) * MIB // 8 + 3
+                    before = store_bytes(objects)
+                    # New random values: content-addressed chunks of repeated content would be deduplicated
+                    # and hide bytes that were really sent.
+                    values = f"np.random.default_rng({i}).random({MIB // 8})"
+                    code = f"state['held'][{offset}:{offset + MIB // 8}] = {values}"
+                    took = run_both(kernels, code, client)
+                    took["bytes"] = store_bytes(objects) - before
+                    changes.append(took)
+
+        run_both(kernels, "state.clear()", client)
+        # The 100 MB array cell, kernels interleaved (as benchmarks/replicated_kernel.py: each NotebookOS cell's
+        # followers apply it before the next cell, so their work does not land in the next reply on this
+        # machine, where all three replicas share its cores); THP state of each kernel afterwards.
+        for i in range(args.arrays):
+            for label in ("plain", "notebookos") if i % 2 == 0 else ("notebookos", "plain"):
+                kernel = kernels[label]
+                arrays[label].append(kernel.run(ARRAY_CELL.format(i=i), timeout=600))
+                if label == "notebookos":
+                    assert kernel.last_reply is not None
+                    wait_applied(client, kernel.kernel_id, int(kernel.last_reply.notebookos["seq"]), 600)
+        for label, kernel in kernels.items():
+            pid = int(kernel.conn.execute("print(os.getpid())", 30).stdout.strip())
+            huge[label] = anon_huge_kb(pid)
+
+    report(console, trivial, changes, arrays, huge, methods)
+    leftovers = processes_of(Path(tmp) / "state")
+    if leftovers:
+        console.print(f"[red]left-over processes: {[p.pid for p in leftovers]}[/red]")
+        return 1
+    return 0
+
+
+def report(
+    console: Console,
+    trivial: dict[float, dict[str, list[float]]],
+    changes: list[dict[str, float]],
+    arrays: dict[str, list[float]],
+    huge: dict[str, int],
+    methods: list[str],
+) -> None:
+    ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
+    table = Table(title=f"Per-cell cost vs state held (same run; NotebookOS change detection: {', '.join(methods)})")
+    for col in ("measure", "plain EG", "NotebookOS", "added / ratio", "target"):
+        table.add_column(col)
+    for size, lat in trivial.items():
+        p50, n50 = statistics.median(lat["plain"]), statistics.median(lat["notebookos"])
+        p99, n99 = percentile(lat["plain"], 0.99), percentile(lat["notebookos"], 0.99)
+        table.add_row(
+            f"trivial cell, {size:g} GB held: p50 / p99 ({len(lat['plain'])} cells)",
+            f"{ms(p50)} / {ms(p99)}",
+            f"{ms(n50)} / {ms(n99)}",
+            f"+{(n50 - p50) * 1e3:.1f} ms at p50",
+            "<= +5 ms",
+        )
+    if changes:
+        pr = statistics.median(c["plain"] for c in changes)
+        nr = statistics.median(c["notebookos"] for c in changes)
+        table.add_row(
+            f"1 MiB changed in a 1 GB array: reply (median of {len(changes)})",
+            ms(pr),
+            ms(nr),
+            f"+{(nr - pr) * 1e3:.1f} ms",
+            "",
+        )
+        sent = [c["bytes"] for c in changes]
+        applied = [c["applied"] for c in changes]
+        table.add_row(
+            "  bytes published (object store growth)",
+            "",
+            f"{statistics.median(sent) / MIB:.2f} MiB median, {max(sent) / MIB:.2f} max",
+            f"{statistics.median(sent) / MIB:.2f}x the change",
+            "<= 2x",
+        )
+        table.add_row(
+            "  both followers applied it, after the reply",
+            "",
+            f"{ms(statistics.median(applied))} median, {ms(max(applied))} max",
+            "",
+            "",
+        )
+    if arrays["plain"]:
+        pa, na = statistics.median(arrays["plain"]), statistics.median(arrays["notebookos"])
+        table.add_row(
+            f"100 MB array cell reply (median of {len(arrays['plain'])}, interleaved)",
+            ms(pa),
+            ms(na),
+            f"{na / pa:.2f}x ({(na / pa - 1) * 100:+.0f} %)",
+            "<= +10 %",
+        )
+        table.add_row(
+            f"  THP: {thp_setting()}; AnonHugePages after",
+            f"{huge.get('plain', 0) // 1024} MiB",
+            f"{huge.get('notebookos', 0) // 1024} MiB (executor)",
+            "",
+            "",
+        )
+    console.print(table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Every way of changing a large array in place is detected and replicated, by both change detection methods.
+
+The primary method is kernel write tracking (userfaultfd write-protect + PAGEMAP_SCAN, writetrack.py); the
+fallback checksums every buffer. Each test runs with both; the tracking variant is skipped only where the
+kernel offers no write tracking (and says why).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from replication_harness import Executor
+
+from jupyter_notebookos.replication.writetrack import METHOD, PageWriteTracker, open_write_tracker
+
+# Above glibc's largest mmap threshold (32 MiB), so each array has pages of its own: a write-tracked array that
+# shares its edge page with a neighbour is re-sent when the neighbour's edge is written (a cost, not an error).
+N = 2**22 + 512
+SETUP = f"import numpy as np\nbig = np.arange({N}, dtype=np.float64)\nother = np.ones({N})\nsmall = [1, 2]"
+
+FORMS = {
+    "item assignment": "big[5] = -1.0",
+    "augmented slice": "big[100:200] += 1",
+    "through a function": "def bump(x):\n    x[7] *= 3\nbump(big)",
+    "through a view made in a function": "def halve():\n    w = big[1000:3000]\n    w /= 2\nhalve()",
+    "through a reshaped view": "big[: 2 ** 22].reshape(2048, 2048)[3, :] = 9",
+    "np.add out=": "np.add(big[:50], 1, out=big[:50])",
+    "C extension (ctypes.memset)": "import ctypes\nctypes.memset(big.ctypes.data + 8 * 70000, 0xFF, 8)",
+    "the OS writing (readinto)": (
+        "import io\nio.BytesIO(b'\\x11' * 4096).readinto(memoryview(big).cast('B')[8 * 2000000 :])"
+    ),
+    "a thread during the cell": (
+        "import threading\nt = threading.Thread(target=lambda: big.__setitem__(3456789, 4.5))\nt.start()\nt.join()"
+    ),
+}
+
+
+def _tracking_available() -> str | None:
+    tracker, why = open_write_tracker()
+    if tracker is None:
+        return why
+    tracker.close()
+    return None
+
+
+@pytest.fixture(params=["tracking", "checksum"])
+def detector(request, shell, store) -> Executor:
+    if request.param == "tracking" and (why := _tracking_available()) is not None:
+        pytest.skip(f"write tracking {why}")
+    ex = Executor(shell, store, write_tracking=request.param == "tracking")
+    assert (ex.tracker.method == METHOD) == (request.param == "tracking")
+    return ex
+
+
+def _run(executor: Executor, code: str):
+    delta = executor.run(code)
+    executor.tracker.settle()  # as the replica does after the reply (checksums left for later)
+    return delta
+
+
+def _same_arrays(executor: Executor, replica, names=("big", "other")) -> None:
+    for name in names:
+        expected = executor.ns[name]
+        got = replica.eval(f"{name}.tobytes()")
+        assert got == expected.tobytes(), f"{name} differs on the replica"
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_every_in_place_change_form_is_detected_and_replicated(detector, replica, form):
+    _run(detector, SETUP)
+    replica.apply(detector.records[-1])
+    before = detector.ns["big"].copy()
+    delta = _run(detector, FORMS[form])
+    assert not np.array_equal(before, detector.ns["big"]), "the form did not change the array"
+    assert delta.why.get("big") == "mutated"
+    assert "other" not in delta.values and "small" not in delta.values  # untouched: not re-sent
+    replica.apply(detector.records[-1])
+    _same_arrays(detector, replica)
+
+
+def test_a_thread_writing_while_no_cell_runs_is_caught_by_the_next_cell(detector, replica):
+    _run(detector, SETUP)
+    replica.apply(detector.records[-1])
+    go = threading.Event()
+    detector.ns["go"] = go
+    _run(
+        detector,
+        "import threading\n"
+        "def writer():\n    go.wait(10)\n    other[77] = 42.0\n"
+        "bg = threading.Thread(target=writer, daemon=True)\nbg.start()",
+    )
+    replica.apply(detector.records[-1])
+    go.set()  # the write happens between cells
+    detector.ns["bg"].join(10)
+    delta = _run(detector, "pass")
+    assert delta.why.get("other") == "mutated"
+    replica.apply(detector.records[-1])
+    _same_arrays(detector, replica)
+
+
+def test_an_unchanged_namespace_gives_an_empty_delta(detector):
+    _run(detector, SETUP)
+    assert _run(detector, "x = 1").names == {"x"}
+    assert _run(detector, "pass").is_empty()
+
+
+def test_write_tracking_follows_an_array_and_its_view_independently():
+    if (why := _tracking_available()) is not None:
+        pytest.skip(f"write tracking {why}")
+    tracker = PageWriteTracker(min_bytes=1)
+    try:
+        base = np.zeros(2**20)
+        view = base[2**19 :]
+        whole, half = memoryview(base), memoryview(view)
+        t_whole, t_half = tracker.token(whole), tracker.token(half)
+        base[10] = 1  # only the first half
+        assert tracker.scan() == 1
+        assert tracker.token(whole) != t_whole and tracker.token(half) == t_half
+        view[10] = 1  # pages both of them cover: both are told
+        assert tracker.scan() == 2
+        assert tracker.token(half) != t_half
+        spans = tracker.take_dirty(half)
+        assert spans and spans[0][0] <= 80 < spans[0][1]
+        assert tracker.take_dirty(half) == []
+        ro = memoryview(bytes(2**20))
+        assert tracker.token(ro) is None  # read-only: the caller checksums it
+    finally:
+        tracker.close()
+
+
+def test_a_write_next_to_a_buffer_in_a_shared_page_does_not_count_as_its_change():
+    if (why := _tracking_available()) is not None:
+        pytest.skip(f"write tracking {why}")
+    from jupyter_notebookos.replication.writetrack import PAGE, buffer_address
+
+    tracker = PageWriteTracker(min_bytes=1)
+    try:
+        arena = bytearray(8 * PAGE)
+        whole = memoryview(arena)
+        skip = (PAGE - (buffer_address(whole) or 0) % PAGE) % PAGE + 100  # 100 bytes into a page
+        buf = whole[skip : skip + 2 * PAGE]  # shares its first and last pages with the rest of the arena
+        token = tracker.token(buf)
+        arena[skip - 1] = 7  # a neighbour's byte in the first page
+        arena[skip + 2 * PAGE + 5] = 7  # and in the last page
+        assert tracker.scan() == 0 and tracker.token(buf) == token
+        arena[skip + 2 * PAGE - 1] = 7  # its own last byte, in the shared page
+        assert tracker.scan() == 1 and tracker.token(buf) != token
+    finally:
+        tracker.close()

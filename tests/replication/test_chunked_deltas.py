@@ -1,0 +1,118 @@
+"""A cell that changes k bytes of a large array publishes and applies O(k): changed chunks, patched in place."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from replication_harness import Executor, Replica
+
+from jupyter_notebookos.kernel.statelog import StateLog
+from jupyter_notebookos.replication.chunks import CHUNK_BYTES, LineageMissingError, TrackedBuffer
+from jupyter_notebookos.replication.objectstore import ObjectStore
+from jupyter_notebookos.replication.serialization import encode_delta
+from jupyter_notebookos.replication.state import StateTracker
+from jupyter_notebookos.replication.writetrack import open_write_tracker
+
+MIB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _needs_write_tracking() -> None:
+    tracker, why = open_write_tracker()
+    if tracker is None:
+        pytest.skip(f"write tracking {why}: every buffer goes whole")
+    tracker.close()
+
+
+class DictReplica:
+    """A replica namespace in this process (a plain dict), able to execute cells and publish records."""
+
+    def __init__(self, store: ObjectStore):
+        self.ns: dict = {"__name__": "__main__"}
+        self.store = store
+        self.tracker = StateTracker(self.ns, transform=lambda code: code, defer_min_bytes=MIB)
+
+    def run(self, code: str):
+        self.tracker.before_cell(code)
+        exec(code, self.ns)
+        delta = self.tracker.after_cell()
+        self.tracker.settle()
+        return encode_delta(delta, self.store, threshold=MIB, lineage=self.tracker.lineage)
+
+    def apply(self, record) -> None:
+        self.tracker.apply(record, self.store)
+
+
+def _entry(record, index: int = 0) -> TrackedBuffer:
+    entry = record.buffers[index]
+    assert isinstance(entry, TrackedBuffer)
+    return entry
+
+
+def test_a_1mib_change_to_a_64mib_array_publishes_its_chunks_and_is_patched_in_place(executor, replica):
+    executor.run("import numpy as np\nbig = np.arange(2 ** 23, dtype=np.float64)")  # 64 MiB
+    first = _entry(executor.encoded[-1])
+    assert first.whole is not None and first.size == 64 * MIB
+    replica.apply(executor.records[-1])
+    address = replica.eval("big.__array_interface__['data'][0]")
+
+    executor.run("big[1000 : 1000 + MIB // 8] += 1".replace("MIB", str(MIB)))  # 1 MiB, not chunk-aligned
+    patch = _entry(executor.encoded[-1])
+    assert patch.whole is None and patch.lineage == first.lineage
+    assert len(patch.chunks) == 5 and executor.encoded[-1].buffer_bytes == 5 * CHUNK_BYTES  # <= 1.25x
+    assert len(executor.records[-1]) < 4096  # the record itself: header and a small pickle
+    replica.apply(executor.records[-1])
+    assert replica.eval("big.tobytes()") == executor.ns["big"].tobytes()
+    assert replica.eval("big.__array_interface__['data'][0]") == address  # patched in place, not copied
+
+    executor.run("big[-1] = -5.0\nbig[2 ** 22] = 7.0")  # two far-apart values: a page each, 1-2 chunks each
+    assert 2 <= len(_entry(executor.encoded[-1]).chunks) <= 4
+    replica.apply(executor.records[-1])
+    assert replica.eval("float(big[-1]), float(big[2 ** 22])") == (-5.0, 7.0)
+
+
+def test_a_replica_that_never_held_the_buffer_refuses_the_patch_clearly(executor, replica, store_url):
+    executor.run("import numpy as np\nbig = np.zeros(2 ** 21)")
+    executor.run("big[3] = 1")
+    late = Replica(store_url)
+    try:
+        with pytest.raises(AssertionError, match="does not hold"):
+            late.apply(executor.records[-1])
+        assert late.eval("'big' in globals()") is False  # nothing half-applied
+    finally:
+        late.close()
+
+
+def test_the_next_executor_patches_the_same_lineage_and_checkpoints_keep_it(store: ObjectStore):
+    a, b = DictReplica(store), DictReplica(store)
+    b.apply(a.run("import numpy as np\nw = np.ones(2 ** 21)\nbias = [0.0]"))  # 16 MiB, whole
+    record = a.run("w[10] = 2.0")
+    lineage = _entry(record).lineage
+    b.apply(record)
+    b.apply(a.run("w[20] = 3.0"))
+    # b becomes the executor: its patch names the lineage a sent, and a patches its own memory.
+    record = b.run("w[2 ** 20] = 4.0\nbias.append(1.0)")
+    assert _entry(record).lineage == lineage and _entry(record).chunks
+    before = a.ns["w"].__array_interface__["data"][0]
+    a.apply(record)
+    assert np.array_equal(a.ns["w"], b.ns["w"]) and a.ns["bias"] == [0.0, 1.0]
+    assert a.ns["w"].__array_interface__["data"][0] == before
+
+    # A checkpoint carries the buffer whole with its lineage: a replica restored from it takes patches.
+    log = StateLog(store, "b", lineage=b.tracker.lineage)
+    pointer = log.finish_checkpoint(StateLog.serialize_checkpoint(b.ns, b.tracker.user_names(), MIB), 9)
+    c = DictReplica(store)
+    c.apply(log.read_checkpoint(pointer))
+    c.apply(b.run("w[5] = 9.0"))
+    assert np.array_equal(c.ns["w"], b.ns["w"])
+    fresh = DictReplica(store)
+    with pytest.raises(LineageMissingError):
+        fresh.apply(b.run("w[6] = 9.0"))
+
+
+def test_an_untracked_or_small_buffer_still_goes_whole(shell, store):
+    ex = Executor(shell, store, write_tracking=False)
+    ex.run("import numpy as np\nbig = np.zeros(2 ** 19)")
+    ex.run("big[0] = 1")
+    assert not isinstance(ex.encoded[-1].buffers[0], TrackedBuffer)
+    assert ex.encoded[-1].buffer_bytes == 4 * MIB
