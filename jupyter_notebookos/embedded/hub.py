@@ -131,14 +131,24 @@ class EmbeddedHub:
             raise HubSetupError(
                 f"JupyterHub's environment is missing ({hub_python()}); run `make run ARGS=--hub` (it bootstraps it)"
             )
-        if proxy_command() is None:
+        proxy = proxy_command()
+        if proxy is None or not proxy.exists():
             raise HubSetupError(
                 "JupyterHub's proxy (npm's configurable-http-proxy) is missing; run `make run ARGS=--hub` "
                 f"(the bootstrap installs it under {_repo_root() / '.hub'}) or set {ENV_HUB_PROXY}"
+                + (f" (it names {proxy}, which does not exist)" if proxy is not None else "")
             )
         if not self.lab_python.exists():
             raise HubSetupError(
                 f"JupyterLab's environment is missing ({self.lab_python}); run `make run ARGS=--hub` (it bootstraps it)"
+            )
+        probe = subprocess.run(
+            [str(self.lab_python), "-c", "import jupyterhub.singleuser"], capture_output=True, timeout=120
+        )
+        if probe.returncode != 0:
+            raise HubSetupError(
+                f"JupyterLab's environment ({self.lab_python}) lacks jupyterhub, which runs each user's server; "
+                "run `make run ARGS=--hub` (the bootstrap installs requirements/lab.txt)"
             )
 
     def prepare(self) -> None:
