@@ -131,6 +131,8 @@ def gateway(platform: Platform, token: str, path: str = "/api/kernels") -> reque
 @needs_hub
 def test_a_hub_token_works_until_it_expires(hub_platform: Platform) -> None:
     session, hub_url = hub_session(hub_platform, "alice")
+    # The gateway is registered with the Hub (as an external service: the Hub runs nothing for it).
+    assert "Adding external service notebookos-gateway" in (hub_platform.state_dir / "jupyterhub.log").read_text()
     made = session.post(f"{hub_url}/hub/api/users/alice/tokens", json={"expires_in": 3, "note": "test"}, timeout=60)
     assert made.status_code == 201, made.text
     token: str = made.json()["token"]

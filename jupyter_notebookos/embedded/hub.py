@@ -198,6 +198,15 @@ class EmbeddedHub:
             "c.Spawner.start_timeout = 180",
             "c.Spawner.http_timeout = 180",
         ]
+        # The gateway, known to the Hub by name. It needs no Hub token of its own: it checks each user's token by
+        # calling GET /hub/api/user with that token, as JupyterHub's HubAuth does.
+        services: list[dict[str, object]] = [
+            {
+                "name": "notebookos-gateway",
+                "display": False,
+                "info": {"description": "NotebookOS gateway: every user's kernels", "url": self.gateway_url},
+            }
+        ]
         if self.cull_idle_servers > 0:
             every = max(10, int(self.cull_idle_servers // 4))
             culler = [
@@ -207,11 +216,12 @@ class EmbeddedHub:
                 f"--timeout={int(self.cull_idle_servers)}",
                 f"--cull-every={every}",
             ]
+            services.append({"name": "idle-culler", "command": culler})
             lines += [
-                f"c.JupyterHub.services = [{{'name': 'idle-culler', 'command': {culler!r}}}]",
                 "c.JupyterHub.load_roles = [{'name': 'idle-culler', 'services': ['idle-culler'], 'scopes': "
                 "['list:users', 'read:users:activity', 'read:servers', 'delete:servers']}]",
             ]
+        lines.append(f"c.JupyterHub.services = {services!r}")
         return "\n".join(lines) + "\n"
 
     def command(self) -> list[str]:
