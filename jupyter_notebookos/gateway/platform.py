@@ -174,6 +174,8 @@ class GatewayPlatform:
         self.etcd_credentials: EtcdCredentials | None = None
         self.access: KernelAccessManager | None = None
         self._waiting: dict[tuple[str, str], asyncio.Future[RunCell | MigrateThenRun]] = {}
+        # Kernels being stopped: a restart (EG stops, then starts the same id) waits for the stop to finish.
+        self._stopping: dict[str, asyncio.Future[None]] = {}
         self._monitor: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.migrations = MigrationRunner(self)
@@ -368,6 +370,8 @@ class GatewayPlatform:
         """Place the kernel's replicas, bind its router, start the replicas and wait until they registered."""
         if self.coordinator is None or self.ledger is None or self.access is None:
             raise LaunchError("the NotebookOS platform is not connected to etcd yet")
+        # A restart: the old incarnation's replicas, keys, objects and GPUs must be gone before the new one's arrive.
+        await self.kernel_stopped(kernel_id)
         gpus = parse_kernel_gpus(env.get("KERNEL_GPUS"))
         placement = self.scheduler.start_kernel(kernel_id, gpus, now=self.now())
         self._log_decision(placement)
@@ -431,8 +435,36 @@ class GatewayPlatform:
             raise
         return router
 
+    async def kernel_stopped(self, kernel_id: str) -> None:
+        """Return once no stop of ``kernel_id`` is in progress (at once when none is)."""
+        stopping = self._stopping.get(kernel_id)
+        if stopping is not None:
+            with contextlib.suppress(Exception):  # the stop logged its own failure
+                await asyncio.shield(stopping)
+
+    def stop_kernel_soon(self, kernel_id: str, *, now: bool = False) -> asyncio.Future[None]:
+        """Begin stopping the kernel at once (EG's process-proxy calls are synchronous); returns the stop.
+
+        Registered before this returns, so a restart's :meth:`start_kernel` of the same id, however soon it
+        comes, waits for the old incarnation to be gone. A second call while one is in progress joins it."""
+        stopping = self._stopping.get(kernel_id)
+        if stopping is None:
+            stopping = self._stopping[kernel_id] = asyncio.ensure_future(self._stop_kernel(kernel_id, now=now))
+
+            def forget(done: asyncio.Future[None]) -> None:
+                if self._stopping.get(kernel_id) is done:
+                    del self._stopping[kernel_id]
+                if not done.cancelled() and done.exception() is not None:
+                    self.log.error("kernel %s: stopping it failed: %r", kernel_id, done.exception())
+
+            stopping.add_done_callback(forget)
+        return stopping
+
     async def stop_kernel(self, kernel_id: str, *, now: bool = False) -> None:
-        """Stop the kernel's replicas and router; forget it in the scheduler and etcd."""
+        """Stop the kernel's replicas and router; forget it in the scheduler, etcd and the object store."""
+        await asyncio.shield(self.stop_kernel_soon(kernel_id, now=now))
+
+    async def _stop_kernel(self, kernel_id: str, *, now: bool) -> None:
         record = self.kernels.pop(kernel_id, None)
         if record is None:
             return
