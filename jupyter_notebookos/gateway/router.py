@@ -38,6 +38,7 @@ import zmq.asyncio
 from jupyter_notebookos.coordination.client import Coordinator
 from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.coordination.kv import EventType, WatchEvent
+from jupyter_notebookos.coordination.ridethrough import txn_once
 from jupyter_notebookos.coordination.txn import Compare, Op
 from jupyter_notebookos.gateway.ledger import LedgerReleases
 from jupyter_notebookos.gateway.wire import DELIM, MalformedMessage, Signer, WireMessage
@@ -635,7 +636,8 @@ class ReplicaRouter:
                 ops.append(Op.put(executor_key, grant.replica_id, lease=registration.lease))
             else:
                 compares.append(Compare.create_revision(executor_key, "==", self.fence))
-            result = await self.coordinator.txn(compare=compares, success=ops, failure=[])
+            # A leader election while this runs is settled, not reported (the record is unique to this attempt).
+            result = await txn_once(self.coordinator, compares, ops, outcome_key=cell_key, outcome_value=record)
         except CoordinationError as err:
             self._error_reply(cell, "NotebookOSUnavailable", f"{err}")
             raise _CellAborted(str(err)) from err
