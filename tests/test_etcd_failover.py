@@ -73,3 +73,53 @@ def test_sigkill_of_the_etcd_leader_fails_no_cell(platform: Platform) -> None:
     finally:
         with contextlib.suppress(GatewayError):
             client.shutdown_kernel(kernel_id)
+
+
+def test_replicas_outlive_a_60_second_etcd_outage_with_their_memory(platform: Platform) -> None:
+    client = platform.client
+    kernel_id = client.start_kernel(KERNEL)
+    members = [etcd_process(e) for e in etcd_endpoints(platform)]
+    stopped = False
+    try:
+        with client.connect(kernel_id) as conn:
+            # An open file cannot be pickled: only the process that opened it has it, so it tells whether the
+            # replica after the outage is the same process with the same memory, not a replacement from the log.
+            first = conn.execute(f"f = open({str(platform.state_dir / 'runtime.json')!r})\nx = 41")
+            assert first.status == "ok"
+            executor = first.notebookos["replica"]
+            pids = {r["replica_id"]: r["pid"] for r in client.notebookos_kernel(kernel_id)["replicas"]}
+
+            for member in members:
+                member.send_signal(signal.SIGSTOP)
+            stopped, began = True, time.monotonic()
+            during = conn.execute("x + 1", timeout=30)
+            assert during.status == "error" and "etcd" in during.reply["content"]["evalue"]
+            assert time.monotonic() - began < 10, "a cell during the outage must fail fast"
+            time.sleep(max(0.0, 60 - (time.monotonic() - began)))
+            for member in members:
+                member.send_signal(signal.SIGCONT)
+            stopped = False
+
+            def served() -> dict | None:
+                with contextlib.suppress(TimeoutError):
+                    msg_id = conn.send(
+                        "shell",
+                        "execute_request",
+                        {"code": "", "silent": False, "user_expressions": {"out": "(f.closed, x + 1)"}},
+                        metadata={"notebookos": {"replica": executor}},
+                    )
+                    reply = conn.reply(msg_id, timeout=30)
+                    return reply if reply["content"]["status"] == "ok" else None
+                return None
+
+            reply = wait_for(served, 60, "the kernel to serve again after etcd came back", interval=1.0)
+            assert reply["content"]["user_expressions"]["out"]["data"]["text/plain"] == "(False, 42)"
+            after = {r["replica_id"]: r["pid"] for r in client.notebookos_kernel(kernel_id)["replicas"]}
+            assert after == pids, "the same replica processes serve again, none was replaced"
+            assert all(psutil.pid_exists(pid) for pid in pids.values())
+    finally:
+        if stopped:
+            for member in members:
+                member.send_signal(signal.SIGCONT)
+        with contextlib.suppress(GatewayError):
+            client.shutdown_kernel(kernel_id)

@@ -28,6 +28,7 @@ from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, def
 from jupyter_notebookos.coordination.client import EtcdCredentials, EtcdTls
 from jupyter_notebookos.gateway.handlers import notebookos_handlers
 from jupyter_notebookos.gateway.platform import GatewayPlatform
+from jupyter_notebookos.gateway.rejoin import DEFAULT_REJOIN_GRACE
 from jupyter_notebookos.launchers.local import LocalLauncher
 from jupyter_notebookos.launchers.provisioning import SimulatedHostProvisioner
 from jupyter_notebookos.replication import protocol
@@ -170,6 +171,13 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
 
     etcd_timeout = Integer(5, config=True, help="Seconds an etcd call may take before it fails with a clear error.")
 
+    replica_rejoin_grace = Float(
+        DEFAULT_REJOIN_GRACE,
+        config=True,
+        help="Seconds a replica whose etcd lease ended while its process lives (an etcd outage longer than the "
+        "lease) may take to register again, keeping its memory, before it is replaced. 0: replace at once.",
+    )
+
     simulated_hosts = Integer(
         4,
         config=True,
@@ -271,6 +279,7 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
         )
         self.platform.etcd_tls = self.etcd_tls()
         self.platform.etcd_credentials = self.etcd_credentials()
+        self.platform.rejoin_grace = self.replica_rejoin_grace
 
     def _init_kubernetes(self, scheduler: Scheduler) -> None:
         """Replica pods, GPU nodes as hosts, placeholder pods for scaling (the helm chart's deployment)."""
@@ -302,6 +311,7 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
         )
         self.platform.etcd_tls = self.etcd_tls()
         self.platform.etcd_credentials = self.etcd_credentials()
+        self.platform.rejoin_grace = self.replica_rejoin_grace
         self.node_hosts = NodeHosts(self.platform, inventory, placeholders)
 
     async def start_platform(self) -> None:

@@ -23,6 +23,7 @@ from jupyter_notebookos.gateway.autoscaler import Autoscaler
 from jupyter_notebookos.gateway.ledger import LedgerReleases
 from jupyter_notebookos.gateway.metrics import PlatformMetrics
 from jupyter_notebookos.gateway.migration import MigrationRunner
+from jupyter_notebookos.gateway.rejoin import DEFAULT_REJOIN_GRACE, await_rejoin
 from jupyter_notebookos.gateway.router import (
     CellGrant,
     CellRejected,
@@ -151,6 +152,8 @@ class GatewayPlatform:
         self.launcher = launcher
         self.router_settings = router_settings or RouterSettings(etcd_timeout=etcd_timeout)
         self.replica_lease_ttl = replica_lease_ttl
+        # Seconds a live replica whose etcd lease ended may take to register again (the app sets it).
+        self.rejoin_grace = DEFAULT_REJOIN_GRACE
         self.log = log
         self.metrics = PlatformMetrics()
         real = nvml_devices()
@@ -174,6 +177,8 @@ class GatewayPlatform:
         self.etcd_credentials: EtcdCredentials | None = None
         self.access: KernelAccessManager | None = None
         self._waiting: dict[tuple[str, str], asyncio.Future[RunCell | MigrateThenRun]] = {}
+        # Set once start() is done: a kernel requested while the gateway still connects to etcd waits for it.
+        self.up = asyncio.Event()
         # Kernels being stopped: a restart (EG stops, then starts the same id) waits for the stop to finish.
         self._stopping: dict[str, asyncio.Future[None]] = {}
         self._monitor: asyncio.Task[None] | None = None
@@ -238,6 +243,7 @@ class GatewayPlatform:
         self._monitor = asyncio.ensure_future(self._monitor_replicas())
         if self.autoscaler is not None:
             self.autoscaler.start()
+        self.up.set()
         self.log.info(
             "NotebookOS platform up: %d hosts, %d GPUs, etcd at %s",
             len(self.hosts),
@@ -368,6 +374,8 @@ class GatewayPlatform:
         launch_timeout: float | None = None,
     ) -> ReplicaRouter:
         """Place the kernel's replicas, bind its router, start the replicas and wait until they registered."""
+        with contextlib.suppress(asyncio.TimeoutError):  # EG serves requests while start() still runs
+            await asyncio.wait_for(self.up.wait(), 2 * self.etcd_timeout)
         if self.coordinator is None or self.ledger is None or self.access is None:
             raise LaunchError("the NotebookOS platform is not connected to etcd yet")
         # A restart: the old incarnation's replicas, keys, objects and GPUs must be gone before the new one's arrive.
@@ -555,6 +563,27 @@ class GatewayPlatform:
         )
 
     def _on_replica_lost(self, router: ReplicaRouter, registration: ReplicaRegistration, why: str) -> None:
+        """A replica's registration is gone. A live process whose lease etcd ended (an etcd outage) gets
+        ``rejoin_grace`` seconds to register again (see :mod:`jupyter_notebookos.gateway.rejoin`); else the
+        scheduler hears of it now."""
+        record = self.kernels.get(router.kernel_id)
+        handle = record.handles.get(registration.replica_id) if record is not None else None
+        if handle is None or self.rejoin_grace <= 0 or router.shutting_down:
+            self._replica_lost(router, registration, why)
+            return
+
+        async def lost_unless_rejoined() -> None:
+            assert handle is not None
+            if await await_rejoin(router, self.launcher, handle, self.rejoin_grace):
+                self.log.info("kernel %s: replica %s registered again", router.kernel_id, registration.replica_id)
+            elif router.kernel_id in self.kernels and registration.replica_id not in router.registrations:
+                self._replica_lost(router, registration, why)
+
+        task = asyncio.ensure_future(lost_unless_rejoined())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _replica_lost(self, router: ReplicaRouter, registration: ReplicaRegistration, why: str) -> None:
         """A replica is gone: tell the scheduler now, and start the replacement it places."""
         record = self.kernels.get(router.kernel_id)
         if record is None:
