@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from jupyter_notebookos.coordination.client import Coordinator, EtcdCredentials, EtcdTls
 from jupyter_notebookos.coordination.errors import CoordinationError
+from jupyter_notebookos.coordination.quarantine import quarantine
 from jupyter_notebookos.gateway.access import KernelAccess, KernelAccessManager, ensure_etcd_auth, replica_env
 from jupyter_notebookos.gateway.autoscaler import Autoscaler
 from jupyter_notebookos.gateway.ledger import LedgerReleases
@@ -31,11 +32,12 @@ from jupyter_notebookos.gateway.router import (
     ReplicaRouter,
     RouterSettings,
 )
+from jupyter_notebookos.gateway.sessions import parse_session
 from jupyter_notebookos.gpu.discovery import GpuDevice, host_devices, nvml_devices
 from jupyter_notebookos.launchers.base import Launcher, LaunchError, ReplicaHandle, ReplicaPhase, ReplicaSpec
 from jupyter_notebookos.launchers.provisioning import HostProvisioner
 from jupyter_notebookos.replication import protocol
-from jupyter_notebookos.replication.protocol import ReplicaRegistration
+from jupyter_notebookos.replication.protocol import MalformedRecord, ReplicaRegistration
 from jupyter_notebookos.scheduler import (
     CellFinished,
     Decision,
@@ -264,12 +266,20 @@ class GatewayPlatform:
         ]
         adopted = []
         for kv in sessions:
-            session = json.loads(kv.value)
-            kernel_id = session["kernel_id"]
-            registrations = [
-                ReplicaRegistration.from_json(r.value)
-                for r in await self.coordinator.get_prefix(keys.replicas_prefix(kernel_id))
-            ]
+            try:
+                session = parse_session(kv.value)
+                kernel_id = session["kernel_id"]
+                if keys.kernel(kernel_id) != kv.key:
+                    raise MalformedRecord(f"kernel session record names kernel {kernel_id!r}")
+            except (MalformedRecord, ValueError) as err:
+                await quarantine(self.coordinator, kv, str(err))
+                continue
+            registrations = []
+            for r in await self.coordinator.get_prefix(keys.replicas_prefix(kernel_id)):
+                try:
+                    registrations.append(ReplicaRegistration.from_json(r.value))
+                except MalformedRecord as err:
+                    self.log.error("kernel %s: ignoring %s: %s", kernel_id, r.key, err)
             handles = {h.replica_id: h for h in await self.launcher.find_replicas(kernel_id)}
             if not registrations:
                 self.log.warning("kernel %s: no live replica left; forgetting it", kernel_id)
@@ -291,17 +301,21 @@ class GatewayPlatform:
     ) -> None:
         assert self.coordinator is not None and self.ledger is not None
         kernel_id, gpus = session["kernel_id"], int(session["gpus"])
-        cells = [
-            json.loads(c.value)
-            for c in await self.coordinator.get_prefix(self.coordinator.keys.cells_prefix(kernel_id))
-        ]
+        running = []
+        for c in await self.coordinator.get_prefix(self.coordinator.keys.cells_prefix(kernel_id)):
+            try:
+                cell = json.loads(c.value)
+                running.append(
+                    RunningCellSpec(
+                        kernel_id, str(cell["msg_id"]), int(cell["executor"]), tuple(cell.get("gpus", ())), self.now()
+                    )
+                )
+            except (ValueError, TypeError, KeyError, AttributeError) as err:
+                self.log.error("kernel %s: ignoring a malformed cell record at %s: %r", kernel_id, c.key, err)
         decision = self.scheduler.adopt(
             [KernelSpec(kernel_id, gpus)],
             [ReplicaSlot(kernel_id, int(r.replica_id), r.host) for r in registrations],
-            [
-                RunningCellSpec(kernel_id, c["msg_id"], int(c["executor"]), tuple(c.get("gpus", ())), self.now())
-                for c in cells
-            ],
+            running,
             now=self.now(),
         )
         self._log_decision(decision)

@@ -51,6 +51,9 @@ from jupyter_notebookos.replication.protocol import (
 
 log = logging.getLogger(__name__)
 
+#: What parsing a value from etcd raises when it is malformed (bad JSON or UTF-8, a wrong shape or type).
+MALFORMED = (ValueError, TypeError, KeyError, AttributeError)
+
 #: How many request ids the router remembers for routing iopub (oldest forgotten first).
 ROUTE_MEMORY = 4096
 #: How often a cell adopted from a previous gateway checks whether its state record was published.
@@ -245,17 +248,22 @@ class ReplicaRouter:
             await self.coordinator.delete_prefix(self.keys.kernel_prefix(self.kernel_id))
             self._executor_key_absent = True
         snapshot = await self.coordinator.get_prefix(self.keys.kernel_prefix(self.kernel_id))
-        running: list[tuple[dict[str, Any], int]] = []
+        running: list[tuple[str, bytes, int]] = []
         for kv in snapshot:
-            self._apply_event(WatchEvent(EventType.PUT, kv.key, kv.value, kv.mod_revision, kv.create_revision))
+            event = WatchEvent(EventType.PUT, kv.key, kv.value, kv.mod_revision, kv.create_revision)
+            if not self._apply_checked(event):
+                continue
             section = kv.key[len(self.keys.kernel_prefix(self.kernel_id)) :].partition("/")[0]
             if section == "executor":
                 # Re-attaching: the executor term in force (later changes are our own, made in memory first).
-                self.executor, self.fence = kv.value.decode(), kv.create_revision
+                self.executor, self.fence = kv.value.decode(errors="replace"), kv.create_revision
             elif section == "cells":
-                running.append((json.loads(kv.value), kv.mod_revision))
-        for cell, revision in running:
-            self._adopt_running_cell(cell, revision)
+                running.append((kv.key, kv.value, kv.mod_revision))
+        for key, value, revision in running:
+            try:
+                self._adopt_running_cell(json.loads(value), revision)
+            except MALFORMED as err:
+                log.error("kernel %s: ignoring a malformed cell record at %s: %r", self.kernel_id, key, err)
         # Only what the router must react to: registrations and applied sequences. The log itself (large
         # values, one per cell) is read on demand, when an executor dies.
         for prefix in (self.keys.replicas_prefix(self.kernel_id), self.keys.applied_prefix(self.kernel_id)):
@@ -379,11 +387,21 @@ class ReplicaRouter:
     async def _watch_loop(self, watch: Any) -> None:
         try:
             async for event in watch:
-                self._apply_event(event)
+                self._apply_checked(event)
         except asyncio.CancelledError:
             raise
         except CoordinationError as err:
             log.error("kernel %s: watch on etcd ended: %s", self.kernel_id, err)
+
+    def _apply_checked(self, event: WatchEvent) -> bool:
+        """Apply ``event``; a malformed value is logged and skipped (it must not end the watch). Returns
+        whether it applied."""
+        try:
+            self._apply_event(event)
+        except MALFORMED as err:
+            log.error("kernel %s: ignoring a malformed value at %s in etcd: %r", self.kernel_id, event.key, err)
+            return False
+        return True
 
     def _apply_event(self, event: WatchEvent) -> None:
         rel = event.key[len(self.keys.kernel_prefix(self.kernel_id)) :]
@@ -679,7 +697,12 @@ class ReplicaRouter:
         keys, kid = self.keys, self.kernel_id
         records = await self.coordinator.get_prefix(keys.log_prefix(kid), keys_only=True)
         checkpoint = await self.coordinator.get(keys.checkpoint(kid))
-        covered = int(json.loads(checkpoint.value).get("seq", 0)) if checkpoint is not None else 0
+        covered = 0
+        if checkpoint is not None:
+            try:
+                covered = int(json.loads(checkpoint.value).get("seq", 0))
+            except MALFORMED as err:
+                log.error("kernel %s: ignoring a malformed checkpoint pointer: %r", self.kernel_id, err)
         return max([covered, *(keys.seq_of(kv.key) for kv in records)])
 
     async def _close_lost_seqs(self, replica_id: str) -> None:
