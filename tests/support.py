@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
+from jupyter_notebookos.coordination.client import Coordinator, EtcdCredentials
+from jupyter_notebookos.embedded.platform import RUNTIME_FILE
 from jupyter_notebookos.embedded.runner import NOTEBOOKOS, PlatformProcess, free_port, processes_of
 
 REPO = Path(__file__).resolve().parent.parent
@@ -19,6 +23,7 @@ __all__ = [
     "NOTEBOOKOS",
     "REPO",
     "Platform",
+    "etcd_admin",
     "free_port",
     "gpus_held_on",
     "processes_of",
@@ -94,3 +99,20 @@ def gpus_held_on(client: GatewayClient, hosts: set[str], kernel_name: str, secon
         for kernel_id in started:
             with contextlib.suppress(GatewayError):
                 client.shutdown_kernel(kernel_id)
+
+
+def etcd_admin(platform: Platform, *writes: tuple[str, str], read: str | None = None) -> Any:
+    """Put ``writes`` (key below the prefix, raw value) as etcd's admin; return the values under ``read``."""
+    endpoints = json.loads((platform.state_dir / RUNTIME_FILE).read_text())["etcd_endpoints"]
+    password = (platform.state_dir / "etcd-root-password").read_text().strip()
+
+    async def run() -> Any:
+        co = await Coordinator.connect(endpoints, credentials=EtcdCredentials("root", password))
+        try:
+            for key, value in writes:
+                await co.put(f"/notebookos{key}", value)
+            return {kv.key: kv.text for kv in await co.get_prefix(f"/notebookos{read}")} if read else None
+        finally:
+            await co.close()
+
+    return asyncio.run(run())

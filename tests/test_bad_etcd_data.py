@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from support import Platform, start_platform, stop_platform, wait_for
+from support import Platform, etcd_admin, start_platform, stop_platform, wait_for
 
 from jupyter_notebookos.client import GatewayClient, GatewayError
-from jupyter_notebookos.coordination.client import Coordinator, EtcdCredentials
-from jupyter_notebookos.embedded.platform import RUNTIME_FILE
 
 KERNEL = "python3-notebookos"
 
@@ -30,23 +26,6 @@ def platform(tmp_path: Path) -> Iterator[Platform]:
         stop_platform(started)
 
 
-def etcd(platform: Platform, *writes: tuple[str, str], read: str | None = None) -> Any:
-    """Put ``writes`` (key below the prefix, raw value) as etcd's admin; return the values under ``read``."""
-    endpoints = json.loads((platform.state_dir / RUNTIME_FILE).read_text())["etcd_endpoints"]
-    password = (platform.state_dir / "etcd-root-password").read_text().strip()
-
-    async def run() -> Any:
-        co = await Coordinator.connect(endpoints, credentials=EtcdCredentials("root", password))
-        try:
-            for key, value in writes:
-                await co.put(f"/notebookos{key}", value)
-            return {kv.key: kv.text for kv in await co.get_prefix(f"/notebookos{read}")} if read else None
-        finally:
-            await co.close()
-
-    return asyncio.run(run())
-
-
 def ready(client: GatewayClient, kernel_id: str) -> list[dict]:
     return [r for r in client.notebookos_kernel(kernel_id)["replicas"] if r["state"] == "ready"]
 
@@ -58,8 +37,8 @@ def test_malformed_registrations_leave_the_routers_watch_running(platform: Platf
         with client.connect(kernel_id) as conn:
             assert conn.execute("x = 1").status == "ok"
             key = f"/kernels/{kernel_id}/replicas/0"
-            good = json.loads(etcd(platform, read=key)[f"/notebookos{key}"])
-            etcd(
+            good = json.loads(etcd_admin(platform, read=key)[f"/notebookos{key}"])
+            etcd_admin(
                 platform,
                 (f"/kernels/{kernel_id}/replicas/garbage", "{not json"),
                 (
@@ -92,8 +71,8 @@ def test_a_restarted_gateway_quarantines_malformed_kernel_records_and_reattaches
     kernel_id = client.start_kernel(KERNEL)
     with client.connect(kernel_id) as conn:
         assert conn.execute("kept = 'yes'").status == "ok"
-    session = json.loads(etcd(platform, read=f"/kernels/{kernel_id}")[f"/notebookos/kernels/{kernel_id}"])
-    etcd(
+    session = json.loads(etcd_admin(platform, read=f"/kernels/{kernel_id}")[f"/notebookos/kernels/{kernel_id}"])
+    etcd_admin(
         platform,
         ("/kernels/garbage", "{oops"),
         ("/kernels/listy", "[1, 2]"),
@@ -113,10 +92,10 @@ def test_a_restarted_gateway_quarantines_malformed_kernel_records_and_reattaches
     wait_for(lists_kernel, 60, "the restarted gateway to re-attach the kernel")
     with client.connect(kernel_id) as conn:
         assert conn.execute("kept", timeout=60).result_text() == "'yes'"
-    quarantined = etcd(platform, read="/quarantine/")
+    quarantined = etcd_admin(platform, read="/quarantine/")
     assert set(quarantined) == {f"/notebookos/quarantine/kernels/{k}" for k in ("garbage", "listy", "wrong")}
     why = {k.rsplit("/", 1)[-1]: json.loads(v) for k, v in quarantined.items()}
     assert why["garbage"]["value"] == "{oops" and "not JSON" in why["garbage"]["why"]
     assert "someone-else" in why["wrong"]["why"]
-    assert not set(etcd(platform, read="/kernels/")) & {f"/notebookos/kernels/{k}" for k in ("garbage", "listy")}
+    assert not set(etcd_admin(platform, read="/kernels/")) & {f"/notebookos/kernels/{k}" for k in ("garbage", "listy")}
     client.shutdown_kernel(kernel_id)

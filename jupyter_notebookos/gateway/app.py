@@ -28,6 +28,7 @@ from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, def
 from jupyter_notebookos.coordination.client import EtcdCredentials, EtcdTls
 from jupyter_notebookos.gateway.handlers import notebookos_handlers
 from jupyter_notebookos.gateway.platform import GatewayPlatform
+from jupyter_notebookos.gateway.reconcile import DEFAULT_RECONCILE_INTERVAL
 from jupyter_notebookos.gateway.rejoin import DEFAULT_REJOIN_GRACE
 from jupyter_notebookos.launchers.local import LocalLauncher
 from jupyter_notebookos.launchers.provisioning import SimulatedHostProvisioner
@@ -178,6 +179,13 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
         "lease) may take to register again, keeping its memory, before it is replaced. 0: replace at once.",
     )
 
+    ledger_reconcile_interval = Float(
+        DEFAULT_RECONCILE_INTERVAL,
+        config=True,
+        help="Seconds between two reconciliations of the GPU ledger in etcd with the scheduler: an entry or "
+        "cell no router holds is removed after two rounds. 0: off.",
+    )
+
     simulated_hosts = Integer(
         4,
         config=True,
@@ -280,6 +288,7 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
         self.platform.etcd_tls = self.etcd_tls()
         self.platform.etcd_credentials = self.etcd_credentials()
         self.platform.rejoin_grace = self.replica_rejoin_grace
+        self.platform.reconcile_interval = self.ledger_reconcile_interval
 
     def _init_kubernetes(self, scheduler: Scheduler) -> None:
         """Replica pods, GPU nodes as hosts, placeholder pods for scaling (the helm chart's deployment)."""
@@ -312,6 +321,7 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
         self.platform.etcd_tls = self.etcd_tls()
         self.platform.etcd_credentials = self.etcd_credentials()
         self.platform.rejoin_grace = self.replica_rejoin_grace
+        self.platform.reconcile_interval = self.ledger_reconcile_interval
         self.node_hosts = NodeHosts(self.platform, inventory, placeholders)
 
     async def start_platform(self) -> None:

@@ -24,6 +24,7 @@ from jupyter_notebookos.gateway.autoscaler import Autoscaler
 from jupyter_notebookos.gateway.ledger import LedgerReleases
 from jupyter_notebookos.gateway.metrics import PlatformMetrics
 from jupyter_notebookos.gateway.migration import MigrationRunner
+from jupyter_notebookos.gateway.reconcile import DEFAULT_RECONCILE_INTERVAL, LedgerReconciler
 from jupyter_notebookos.gateway.rejoin import DEFAULT_REJOIN_GRACE, await_rejoin
 from jupyter_notebookos.gateway.router import (
     CellGrant,
@@ -156,6 +157,9 @@ class GatewayPlatform:
         self.replica_lease_ttl = replica_lease_ttl
         # Seconds a live replica whose etcd lease ended may take to register again (the app sets it).
         self.rejoin_grace = DEFAULT_REJOIN_GRACE
+        # Seconds between two reconciliations of the GPU ledger with the scheduler (the app sets it; 0: off).
+        self.reconcile_interval = DEFAULT_RECONCILE_INTERVAL
+        self.reconciler: LedgerReconciler | None = None
         self.log = log
         self.metrics = PlatformMetrics()
         real = nvml_devices()
@@ -243,6 +247,8 @@ class GatewayPlatform:
         if warm is not None:
             warm()
         self._monitor = asyncio.ensure_future(self._monitor_replicas())
+        self.reconciler = LedgerReconciler(self, self.reconcile_interval)
+        self.reconciler.start()
         if self.autoscaler is not None:
             self.autoscaler.start()
         self.up.set()
@@ -357,6 +363,8 @@ class GatewayPlatform:
         sessions stay in etcd and the next gateway re-attaches)."""
         if self._monitor is not None:
             self._monitor.cancel()
+        if self.reconciler is not None:
+            await self.reconciler.stop()
         if self.autoscaler is not None:
             await self.autoscaler.stop()
         for kernel_id in list(self.kernels):
