@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 #: What parsing a value from etcd raises when it is malformed (bad JSON or UTF-8, a wrong shape or type).
 MALFORMED = (ValueError, TypeError, KeyError, AttributeError)
 
+#: How many recent cells' changed names the router keeps in case their executor dies before publishing.
+CHANGED_MEMORY = 64
+
 #: How many request ids the router remembers for routing iopub (oldest forgotten first).
 ROUTE_MEMORY = 4096
 #: How often a cell adopted from a previous gateway checks whether its state record was published.
@@ -214,6 +217,7 @@ class ReplicaRouter:
 
         self._queue: asyncio.Queue[PendingCell] = asyncio.Queue()
         self.adopted_cells: list[PendingCell] = []  # running when a previous gateway died
+        self._changed: dict[int, list[str]] = {}  # log seq -> names its cell's reply said it changed
 
         self._routes: OrderedDict[str, str] = OrderedDict()  # request msg_id -> replica id
         self._stdin_owner: str | None = None
@@ -726,10 +730,18 @@ class ReplicaRouter:
             await self.coordinator.delete(self.keys.executor(self.kernel_id))
             for seq in seqs:
                 key = self.keys.log_record(self.kernel_id, seq)
-                record = LogRecord(seq=seq, kind="lost", msg_id="", replica_id=replica_id)
+                # The names the cell's reply said it changed: the next cell's output tells the user they are lost.
+                names = self._changed.pop(seq, [])
+                record = LogRecord(seq=seq, kind="lost", msg_id="", replica_id=replica_id, names=names)
                 await self.coordinator.txn(compare=[Compare.absent(key)], success=[Op.put(key, record.to_json())])
         except CoordinationError as err:
             log.error("kernel %s: could not close log records %s: %s", self.kernel_id, list(seqs), err)
+
+    def _remember_changed(self, seq: int, names: list[str]) -> None:
+        """Keep what cell ``seq`` changed until its record is surely published (the last few cells)."""
+        self._changed[seq] = names
+        for old in [s for s in self._changed if s <= self.published_seq or s < seq - CHANGED_MEMORY]:
+            del self._changed[old]
 
     def _error_reply(self, cell: PendingCell, ename: str, evalue: str) -> None:
         """Answer ``cell`` with an error (reply on shell, error and idle on iopub)."""
@@ -902,6 +914,8 @@ class ReplicaRouter:
             ours.setdefault("gpus", list(cell.grant.devices))
             ours.update(queued_ms=self._queued_ms(cell), attempt=cell.attempt)
             metadata[METADATA_KEY] = ours
+            if isinstance(ours.get("changed"), list):
+                self._remember_changed(cell.seq, [str(n) for n in ours["changed"]])
             msg = self.signer.with_metadata(msg, metadata)
             await self._sockets["shell"].send_multipart(msg.frames())
             # The executor has the state of this cell in memory already.
