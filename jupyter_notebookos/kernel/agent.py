@@ -171,6 +171,26 @@ class ReplicaAgent:
         records = [LogRecord.from_json(kv.value) for kv in log_items]
         return LogSnapshot(pointer, [r for r in records if r.seq > after], result.revision)
 
+    async def referenced_objects(self) -> tuple[int | None, set[str]]:
+        """The seq of the kernel's checkpoint (None without one) and the object-store keys that the checkpoint
+        and every record still in the log name: what garbage collection must keep (coordination thread).
+
+        Every record still in the log, not only those after the checkpoint: a follower may not have applied
+        the ones the checkpoint covers yet (they are deleted only once every replica has)."""
+        result = await self._co().txn(
+            compare=[],
+            success=[
+                Op.get(self.keys.checkpoint(self.kid)),
+                Op.get(self.keys.log_prefix(self.kid), prefix=True),
+            ],
+        )
+        ckpt_items, log_items = result.results[0].items, result.results[1].items
+        pointer = CheckpointPointer.from_json(ckpt_items[0].value) if ckpt_items else None
+        keys = {pointer.ref, *pointer.objects} if pointer is not None else set()
+        for kv in log_items:
+            keys.update(LogRecord.from_json(kv.value).objects)
+        return (pointer.seq if pointer is not None else None), keys
+
     def register(self, registration: ReplicaRegistration) -> None:
         """Put the registration (bound to the lease): from now on the router may use this replica."""
         self.thread.run(self._register(registration), 30)

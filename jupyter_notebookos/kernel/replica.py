@@ -28,6 +28,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
@@ -37,9 +38,14 @@ from jupyter_notebookos.kernel.agent import PublishOutcome, ReplicaAgent
 from jupyter_notebookos.kernel.lostchanges import LostChanges
 from jupyter_notebookos.kernel.settings import ReplicaSettings
 from jupyter_notebookos.kernel.statelog import PendingDelta, StateLog, serialize_delta
+from jupyter_notebookos.replication.checkpoint import collect_unreferenced
 from jupyter_notebookos.replication.protocol import FIRST_SEQ, METADATA_KEY, CellDirective, LogRecord
 from jupyter_notebookos.replication.serialization import UnreplicatedValue
 from jupyter_notebookos.replication.state import StateTracker
+
+#: Unreferenced object-store buffers younger than this survive garbage collection: an upload whose record is
+#: not in the log yet (a publication in flight, a checkpoint being written) must not lose its buffers.
+GC_GRACE_SECONDS = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -452,6 +458,16 @@ class ReplicaKernel(IPythonKernel):
                 (time.perf_counter() - started) * 1e3,
                 len(delete) if done else 0,
             )
+            if done:  # what the new checkpoint superseded goes now: old checkpoints, unreferenced buffers
+                try:
+                    checkpoint_seq, referenced = await agent.referenced_objects()
+                    collect = partial(collect_unreferenced, grace_seconds=GC_GRACE_SECONDS)
+                    report = await loop.run_in_executor(None, collect, statelog.store, checkpoint_seq, referenced)
+                except Exception as exc:  # the next checkpoint tries again
+                    log.warning("object-store garbage collection after checkpoint %d failed: %s", seq, exc)
+                else:
+                    freed = report.deleted_buffers or report.deleted_checkpoints
+                    log.log(logging.INFO if freed else logging.DEBUG, "%s", report)
             return done
 
         self._checkpoint_seq = seq  # do not try again for this stretch, whatever the outcome

@@ -97,7 +97,13 @@ def test_directed_cell_publishes_exactly_one_fenced_record(replicas: ReplicaFact
     )
     cell = r0.execute(code, CellDirective(seq=1, fence=fence, gpus=[1]))
     assert cell.status == "ok" and cell.stdout == "1 [1]\n"
-    assert cell.meta == {"replica": "r0", "host": "host-r0", "gpus": [1], "seq": 1}
+    assert cell.meta == {
+        "replica": "r0",
+        "host": "host-r0",
+        "gpus": [1],
+        "seq": 1,
+        "changed": ["current_devices", "os", "x"],  # what the router names if r0 dies before publishing
+    }
     record = replicas.wait_record(1)
     assert (record.kind, record.replica_id, record.msg_id) == (
         "delta",
