@@ -26,4 +26,4 @@ bench: bootstrap
 	@for b in benchmarks/*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .venv-lab .state build *.egg-info
+	rm -rf $(VENV) .venv-lab .venv-hub .state build *.egg-info

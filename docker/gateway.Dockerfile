@@ -15,7 +15,7 @@ COPY pyproject.toml setup.cfg ./
 COPY jupyter_notebookos/ jupyter_notebookos/
 # pyproject.toml names a README; an empty one is enough to build the wheel.
 RUN touch README.md \
-    && pip install --constraint requirements/gateway.txt . \
+    && pip install --constraint requirements/gateway.txt ".[s3]" \
     && useradd --uid 1000 --gid 100 --create-home --shell /usr/sbin/nologin notebookos
 
 USER 1000:100

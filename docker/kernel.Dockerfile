@@ -1,4 +1,5 @@
 # NotebookOS replica (kernel) image: one replica of a kernel per pod, started as `python -m jupyter_notebookos.kernel`.
+# s3fs is included (extra "s3") so replicas can use an S3-compatible object store (AWS_ENDPOINT_URL from the chart).
 # GPUs come from the NVIDIA container runtime (runtimeClassName nvidia), which injects the driver; CUDA user-space
 # libraries come with the frameworks' wheels (e.g. torch), so the base stays python:3.11-slim.
 # Build from the repository root:
@@ -21,7 +22,7 @@ COPY pyproject.toml setup.cfg ./
 COPY jupyter_notebookos/ jupyter_notebookos/
 # jovyan (1000) in group users (100): the uid/gid EG's kernel images use, and what fsGroup 100 expects.
 RUN touch README.md \
-    && pip install --constraint requirements/gateway.txt . \
+    && pip install --constraint requirements/gateway.txt ".[s3]" \
     && if [ -n "$EXTRA_PACKAGES" ]; then pip install $EXTRA_PACKAGES; fi \
     && useradd --uid 1000 --gid 100 --create-home --shell /bin/bash jovyan
 

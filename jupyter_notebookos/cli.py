@@ -221,7 +221,7 @@ def print_cluster(cluster: dict[str, Any], console: Console) -> None:
             table.add_column(column)
         for k in kernels:
             table.add_row(
-                str(k.get("kernel_id")),
+                str(k.get("kernel_id") or "(another user's)"),  # users see others' kernels without ids
                 ", ".join(_replica_text(r) for r in k.get("replicas", [])),
                 str(k.get("executor") or "-"),
                 str(k.get("gpus", "")),
@@ -239,8 +239,8 @@ def print_cluster(cluster: dict[str, Any], console: Console) -> None:
         for position, q in enumerate(queue, start=1):
             waiting.add_row(
                 str(q.get("position", position)),
-                str(q.get("kernel_id")),
-                str(q.get("cell_id")),
+                str(q.get("kernel_id") or "(another user's)"),
+                str(q.get("cell_id") or "-"),
                 str(q.get("gpus", "")),
                 f"{float(q.get('waiting_ms', 0.0)) / 1000.0:.1f} s",
             )
@@ -255,7 +255,7 @@ def print_cluster(cluster: dict[str, Any], console: Console) -> None:
         for m in migrations:
             moving.add_row(
                 f"m{m.get('migration_id')}",
-                str(m.get("kernel_id")),
+                str(m.get("kernel_id") or "(another user's)"),
                 f"r{m.get('replica_id')}",
                 str(m.get("source")),
                 str(m.get("target")),
@@ -275,7 +275,7 @@ def _replica_text(replica: Any) -> str:
     """``0@host-1`` for a ready replica, ``0@host-1 (starting)`` otherwise."""
     if not isinstance(replica, dict):
         return str(replica)
-    text = f"{replica.get('replica_id')}@{replica.get('host')}"
+    text = f"{replica['replica_id']}@{replica.get('host')}" if "replica_id" in replica else str(replica.get("host"))
     state = replica.get("state", "ready")
     return text if state == "ready" else f"{text} ({state})"
 

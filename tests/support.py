@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import secrets
+import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
-from jupyter_notebookos.coordination.client import Coordinator, EtcdCredentials
+from jupyter_notebookos.coordination.client import Coordinator
 from jupyter_notebookos.embedded.platform import RUNTIME_FILE
 from jupyter_notebookos.embedded.runner import NOTEBOOKOS, PlatformProcess, free_port, processes_of
 
@@ -26,6 +30,7 @@ __all__ = [
     "etcd_admin",
     "free_port",
     "gpus_held_on",
+    "jupyter_server",
     "processes_of",
     "start_platform",
     "stop_platform",
@@ -104,10 +109,9 @@ def gpus_held_on(client: GatewayClient, hosts: set[str], kernel_name: str, secon
 def etcd_admin(platform: Platform, *writes: tuple[str, str], read: str | None = None) -> Any:
     """Put ``writes`` (key below the prefix, raw value) as etcd's admin; return the values under ``read``."""
     endpoints = json.loads((platform.state_dir / RUNTIME_FILE).read_text())["etcd_endpoints"]
-    password = (platform.state_dir / "etcd-root-password").read_text().strip()
 
     async def run() -> Any:
-        co = await Coordinator.connect(endpoints, credentials=EtcdCredentials("root", password))
+        co = await Coordinator.connect(endpoints, credentials=platform.etcd_root())
         try:
             for key, value in writes:
                 await co.put(f"/notebookos{key}", value)
@@ -116,3 +120,47 @@ def etcd_admin(platform: Platform, *writes: tuple[str, str], read: str | None = 
             await co.close()
 
     return asyncio.run(run())
+
+
+@contextlib.contextmanager
+def jupyter_server(gateway_url: str, gateway_token: str, root_dir: Path) -> Iterator[GatewayClient]:
+    """A Jupyter server from ``.venv-lab`` with ``--gateway-url``, as JupyterLab and JupyterHub's single-user
+    servers run it (the gateway token in its environment, never on its command line); yields a client of it."""
+    import pytest
+
+    lab_python = REPO / ".venv-lab" / "bin" / "python"
+    if not lab_python.exists():
+        pytest.skip(".venv-lab is missing (run the bootstrap)")
+    port, token = free_port(), secrets.token_hex(16)
+    server = subprocess.Popen(
+        [
+            str(lab_python),
+            "-m",
+            "jupyter_server",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--gateway-url={gateway_url}",
+            f"--ServerApp.root_dir={root_dir}",
+            "--allow-root",
+        ],
+        env=dict(os.environ, JUPYTER_TOKEN=token, JUPYTER_GATEWAY_AUTH_TOKEN=gateway_token),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        client = GatewayClient(f"http://127.0.0.1:{port}", token)
+        wait_for(lambda: _answers(client), 60, "the Jupyter server to answer")
+        yield client
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(20)
+
+
+def _answers(client: GatewayClient) -> bool:
+    try:
+        client.request("GET", "/api/status", timeout=2)
+    except Exception:
+        return False
+    return True

@@ -138,7 +138,7 @@ def etcd(platform: Platform, prefix_of: Callable[[Coordinator], str]) -> dict[st
     endpoints = json.loads((platform.state_dir / "runtime.json").read_text())["etcd_endpoints"]
 
     async def read() -> dict[str, tuple[dict[str, Any], int]]:
-        coordinator = await Coordinator.connect(endpoints, timeout=10)
+        coordinator = await Coordinator.connect(endpoints, timeout=10, credentials=platform.etcd_root())
         try:
             found = await coordinator.get_prefix(prefix_of(coordinator))
             return {kv.key: (json.loads(kv.value), kv.lease) for kv in found}

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 import websocket
-from support import REPO, Platform, free_port, processes_of, start_platform, stop_platform, wait_for
+from support import REPO, Platform, jupyter_server, processes_of, start_platform, stop_platform, wait_for
 
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
 
@@ -235,31 +234,7 @@ def test_malformed_and_oversized_websocket_messages_leave_the_kernel_working(
 
 
 def test_jupyter_server_with_gateway_url_runs_notebookos_cells(shared_up: Platform, tmp_path: Path) -> None:
-    lab_python = REPO / ".venv-lab" / "bin" / "python"
-    if not lab_python.exists():
-        pytest.skip(".venv-lab is missing (run the bootstrap)")
-    port, token = free_port(), "lab-token"
-    server = subprocess.Popen(
-        [
-            str(lab_python),
-            "-m",
-            "jupyter_server",
-            "--no-browser",
-            "--ip=127.0.0.1",
-            f"--port={port}",
-            f"--IdentityProvider.token={token}",
-            f"--gateway-url={shared_up.url}",
-            f"--GatewayClient.auth_token={shared_up.token}",
-            f"--ServerApp.root_dir={tmp_path}",
-            "--allow-root",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        client = GatewayClient(f"http://127.0.0.1:{port}", token)
-        wait_for(lambda: _answers(client), 60, "the Jupyter server to answer")
+    with jupyter_server(shared_up.url, shared_up.token, tmp_path) as client:
         specs = client.request("GET", "/api/kernelspecs")["kernelspecs"]
         assert KERNEL in specs
         kernel_id = client.start_kernel(KERNEL)
@@ -270,17 +245,6 @@ def test_jupyter_server_with_gateway_url_runs_notebookos_cells(shared_up: Platfo
                 assert result.notebookos["replica"] is not None
         finally:
             client.shutdown_kernel(kernel_id)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(20)
-
-
-def _answers(client: GatewayClient) -> bool:
-    try:
-        client.request("GET", "/api/status", timeout=2)
-    except Exception:
-        return False
-    return True
 
 
 def test_a_replica_that_never_registers_fails_the_start_clearly(tmp_path: Path) -> None:

@@ -136,28 +136,35 @@ def test_invalid_gateway_config_is_refused(tmp_path: Path) -> None:
     assert "gpus_per_host must be 0 or more, not -3" in result.stderr
 
 
-def test_gateway_without_etcd_exits_with_a_clear_message(tmp_path: Path) -> None:
-    dead = free_port()
-    env = dict(os.environ, NOTEBOOKOS_ETCD_ENDPOINTS=f"127.0.0.1:{dead}", NOTEBOOKOS_STATE_DIR=str(tmp_path))
-    began = time.monotonic()
-    result = subprocess.run(
-        [
-            *NOTEBOOKOS[:1],
-            "-m",
-            "jupyter_notebookos.gateway",
-            "--port",
-            str(free_port()),
-            "--NotebookOSGatewayApp.etcd_timeout=2",
-        ],
+def _gateway_alone(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the gateway by itself (no `notebookos up`) until it exits."""
+    return subprocess.run(
+        [*NOTEBOOKOS[:1], "-m", "jupyter_notebookos.gateway", "--port", str(free_port()), *args],
         capture_output=True,
         text=True,
         timeout=60,
-        env=env,
+        env=dict(env, NOTEBOOKOS_STATE_DIR=str(tmp_path)),
         cwd=tmp_path,
     )
+
+
+def test_gateway_without_etcd_exits_with_a_clear_message(tmp_path: Path) -> None:
+    dead = free_port()
+    began = time.monotonic()
+    env = dict(os.environ, NOTEBOOKOS_ETCD_ENDPOINTS=f"127.0.0.1:{dead}", NOTEBOOKOS_ETCD_PASSWORD="unchecked")
+    result = _gateway_alone(tmp_path, env, "--NotebookOSGatewayApp.etcd_timeout=2")
     assert result.returncode == 1
     assert "NotebookOS could not start" in result.stderr and f"127.0.0.1:{dead}" in result.stderr
+    assert "Traceback" not in result.stderr
     assert time.monotonic() - began < 30
+
+
+def test_gateway_without_an_etcd_password_says_how_to_give_one(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOTEBOOKOS_ETCD_")}
+    result = _gateway_alone(tmp_path, dict(env, NOTEBOOKOS_ETCD_ENDPOINTS=f"127.0.0.1:{free_port()}"))
+    assert result.returncode == 1
+    assert "NotebookOS could not start" in result.stderr and "NOTEBOOKOS_ETCD_PASSWORD" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_status_without_a_platform_says_so(tmp_path: Path) -> None:

@@ -7,8 +7,16 @@ c = get_config()  # noqa: F821 - provided by traitlets when the file is loaded
 # c.NotebookOSGatewayApp.ip = "127.0.0.1"
 # c.NotebookOSGatewayApp.port = 8888
 # c.NotebookOSGatewayApp.auth_token = ""            # or EG_AUTH_TOKEN; `notebookos up` generates one
-# c.NotebookOSGatewayApp.list_kernels = True        # or EG_LIST_KERNELS=True
+# c.NotebookOSGatewayApp.list_kernels = False       # or EG_LIST_KERNELS=True (`notebookos up` and the chart turn it on)
 # c.NotebookOSGatewayApp.unauthorized_users = {"root"}  # EG refuses kernels for these KERNEL_USERNAMEs
+
+# --- Users, tokens and kernel ownership (docs/security.md) ----------------------------------------------------
+# c.NotebookOSGatewayApp.user_tokens_file = ""      # or NOTEBOOKOS_USER_TOKENS_FILE; {"<token>": "<user>"}, mode 0600
+# c.NotebookOSGatewayApp.hub_api_url = ""           # or NOTEBOOKOS_HUB_API_URL, e.g. "http://hub:8081/hub/api"
+# c.NotebookOSGatewayApp.hub_cache_seconds = 60.0   # a token the Hub confirmed is trusted this long
+# c.NotebookOSGatewayApp.hub_unknown_cache_seconds = 5.0
+# c.NotebookOSGatewayApp.hub_timeout = 5.0          # then 503: a Hub that is down never lets a request through
+# c.NotebookOSGatewayApp.metrics_token = ""         # or NOTEBOOKOS_METRICS_TOKEN; reads /metrics only (Prometheus)
 
 # --- etcd -------------------------------------------------------------------------------------------------
 # c.NotebookOSGatewayApp.etcd_endpoints = ["127.0.0.1:2379"]   # or NOTEBOOKOS_ETCD_ENDPOINTS=a:1,b:2
@@ -27,12 +35,36 @@ c = get_config()  # noqa: F821 - provided by traitlets when the file is loaded
 # --- Scheduler (see `python -m jupyter_notebookos.gateway --help-all` for every knob) ------------------------
 # c.Scheduler.policy = "notebookos"                # or the baselines "reservation" / "batch" (simulator)
 # c.Scheduler.replicas_per_kernel = 3
-# c.Scheduler.subscription_ratio_cap = 3.0
+# c.Scheduler.subscription_ratio_cap = 6.0          # docs/evaluation.md: lower caps miss the interactivity targets
 # c.Scheduler.subscription_ratio_half_life_s = 60.0
+# c.Scheduler.gpus_per_host = 8
+# c.Scheduler.executor_fit = "best-fit"            # or "sticky"
 # c.Scheduler.migration_enabled = True
 # c.Scheduler.max_concurrent_migrations = 32
+# c.Scheduler.max_prepare_migrations_per_round = 8  # ahead-of-time moves per autoscaling round (0: off)
+# c.Scheduler.prepare_min_gpus = 1
 # c.Scheduler.scaling_factor = 1.1
 # c.Scheduler.min_hosts = 3
 # c.Scheduler.idle_host_buffer = 1
+# c.Scheduler.ready_host_buffer = 3
+# c.Scheduler.ready_host_probability = 0.0         # > 0: size the ready-host buffer from observed arrivals
+# c.Scheduler.ready_host_window_s = 1800.0
+# c.Scheduler.ready_host_lead_s = 240.0
+# c.Scheduler.ready_host_min = 1
+# c.Scheduler.ready_host_max = 8
+# c.Scheduler.headroom_placement = True             # one replica of a new kernel where its first cell fits now
+# c.Scheduler.prepare_on_cell_start = True          # ahead-of-time moves right after a cell takes GPUs
 # c.Scheduler.max_scale_in_per_round = 1
 # c.Scheduler.scale_in_delay_s = 60.0
+# c.Scheduler.scale_for_queued_cells = True
+
+# --- Kubernetes (the helm chart writes these; see docs/kubernetes.md) ------------------------------------------
+# c.KubernetesLauncher.launch_timeout = 600.0
+# c.KubernetesLauncher.allowed_images = []          # patterns a kernel may ask for with KERNEL_IMAGE
+# c.KubernetesLauncher.allowed_service_accounts = []
+# c.KubernetesLauncher.allowed_volume_types = ["persistentVolumeClaim", "configMap", "emptyDir"]
+# c.KubernetesLauncher.allowed_volume_sources = {}  # e.g. {"persistentVolumeClaim": ["claim-*"]}
+# c.KubernetesLauncher.run_as_user = 1000
+# c.KubernetesLauncher.run_as_group = 100
+# c.KubernetesLauncher.orphan_sweep_interval = 300.0
+# c.KubernetesLauncher.orphan_grace = 900.0

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 
 from jupyter_notebookos.client import GatewayClient
+from jupyter_notebookos.coordination.client import EtcdCredentials
 from jupyter_notebookos.embedded.platform import RUNTIME_FILE
 
 NOTEBOOKOS = [sys.executable, "-m", "jupyter_notebookos.cli"]
@@ -85,6 +86,10 @@ class PlatformProcess:
     @property
     def client(self) -> GatewayClient:
         return GatewayClient(self.url, self.token)
+
+    def etcd_root(self) -> EtcdCredentials:
+        """etcd's admin identity of this platform (for tests and tools that read etcd directly)."""
+        return EtcdCredentials("root", (self.state_dir / "etcd-root-password").read_text().strip())
 
     def descendants(self) -> list[psutil.Process]:
         try:

@@ -3,7 +3,9 @@
 ``NotebookOSGatewayApp`` is an ``EnterpriseGatewayApp``: EG's REST and websocket API stay as they are (plain
 kernelspecs keep working), and we add
 
-- ``/api/notebookos/*`` and ``/metrics`` (same token auth as EG's API),
+- user identities and kernel ownership on every handler, EG's and ours
+  (:mod:`jupyter_notebookos.gateway.identity`, :mod:`jupyter_notebookos.gateway.ownership`),
+- ``/api/notebookos/*`` and ``/metrics``,
 - a kernel-channels websocket handler that sets TCP_NODELAY and survives JupyterLab's reconnects
   (:mod:`jupyter_notebookos.gateway.websocket`),
 - the platform (:class:`~jupyter_notebookos.gateway.platform.GatewayPlatform`): the cluster model, etcd,
@@ -27,6 +29,8 @@ from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, def
 
 from jupyter_notebookos.coordination.client import EtcdCredentials, EtcdTls
 from jupyter_notebookos.gateway.handlers import notebookos_handlers
+from jupyter_notebookos.gateway.identity import Identities, IdentityConfig, IdentityConfigError
+from jupyter_notebookos.gateway.ownership import with_identity
 from jupyter_notebookos.gateway.platform import GatewayPlatform
 from jupyter_notebookos.gateway.reconcile import DEFAULT_RECONCILE_INTERVAL
 from jupyter_notebookos.gateway.rejoin import DEFAULT_REJOIN_GRACE
@@ -43,7 +47,7 @@ except ImportError:  # pragma: no cover - only while the module is being written
         return []
 
 
-class NotebookOSGatewayApp(EnterpriseGatewayApp):
+class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
     """Enterprise Gateway with NotebookOS's replicated kernels, scheduler and REST API."""
 
     name = "notebookos-gateway"
@@ -253,11 +257,25 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
         return endpoints
 
     node_hosts: Any = None  # Kubernetes: the GPU nodes as hosts (gateway.nodes.NodeHosts)
+    identities: Identities | None = None  # who is asking (admin token, token file, JupyterHub, metrics token)
+
+    def init_identities(self) -> None:
+        """Read the identity options; a bad token file or option stops the gateway with a clear message."""
+        try:
+            self.identities = self.build_identities(self.auth_token)
+        except IdentityConfigError as err:
+            self.log.critical("NotebookOS cannot start: %s", err)
+            sys.exit(1)
+        if self.identities.open:
+            self.log.warning(
+                "No token configured (EG_AUTH_TOKEN, user tokens, JupyterHub): anyone can use every kernel"
+            )
 
     def init_configurables(self) -> None:
         # traitlets leaves the app's logger at DEBUG (its handler filters): records built for nothing on every
         # message. The logger itself gets the configured level.
         self.log.setLevel(self.log_level)
+        self.init_identities()
         super().init_configurables()
         scheduler = Scheduler(parent=self)
         # The autoscaler thinks in hosts of the embedded mode's size unless configured otherwise.
@@ -286,7 +304,6 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
             log=self.log,
         )
         self.platform.etcd_tls = self.etcd_tls()
-        self.platform.etcd_credentials = self.etcd_credentials()
         self.platform.rejoin_grace = self.replica_rejoin_grace
         self.platform.reconcile_interval = self.ledger_reconcile_interval
 
@@ -319,7 +336,6 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
             log=self.log,
         )
         self.platform.etcd_tls = self.etcd_tls()
-        self.platform.etcd_credentials = self.etcd_credentials()
         self.platform.rejoin_grace = self.replica_rejoin_grace
         self.platform.reconcile_interval = self.ledger_reconcile_interval
         self.node_hosts = NodeHosts(self.platform, inventory, placeholders)
@@ -327,6 +343,7 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
     async def start_platform(self) -> None:
         """Kubernetes: check the placeholder PriorityClass and make the GPU nodes hosts (before re-attaching
         replicas, which needs their hosts); then connect to etcd and start the platform."""
+        self.platform.etcd_credentials = self.etcd_credentials()
         if self.node_hosts is not None:
             if self.platform.autoscaler is not None and self.node_hosts.provisioner is not None:
                 await self.node_hosts.provisioner.pool.check_priority_class()
@@ -352,11 +369,12 @@ class NotebookOSGatewayApp(EnterpriseGatewayApp):
             if pattern in overrides:
                 rest = [overrides[pattern], *rest[1:]]
             handlers.append((pattern, *rest))
-        return ours + handlers
+        return with_identity(ours + handlers, self.authorized_origin)
 
     def init_webapp(self) -> None:
         super().init_webapp()
         self.web_app.settings["notebookos_platform"] = self.platform
+        self.web_app.settings["notebookos_identities"] = self.identities
 
     def start(self) -> None:
         """Connect to etcd and start the platform, then serve (EG's start runs the IO loop)."""

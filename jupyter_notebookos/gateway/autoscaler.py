@@ -11,10 +11,11 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from jupyter_notebookos.launchers.provisioning import HostProvisioner
-from jupyter_notebookos.scheduler import ScalingDecision
+from jupyter_notebookos.scheduler import MigrationPlan, ScalingDecision
 
 if TYPE_CHECKING:
     from jupyter_notebookos.gateway.platform import GatewayPlatform
@@ -62,10 +63,7 @@ class Autoscaler:
         if decision.add_hosts:
             platform.metrics.scaling_events.labels("out").inc(decision.add_hosts)
             await self.provisioner.provision(decision.add_hosts, platform.add_host)
-        for plan in decision.migrations:
-            move = asyncio.ensure_future(platform.migrations.run(plan))
-            self._moves.add(move)
-            move.add_done_callback(self._moves.discard)
+        self.start_moves(decision.migrations)
         for host in decision.remove:
             platform.metrics.scaling_events.labels("in").inc()
             await platform.remove_host(host)
@@ -73,6 +71,13 @@ class Autoscaler:
         if decision.undrain or decision.add_hosts:
             platform.dispatch()
         return decision
+
+    def start_moves(self, plans: Iterable[MigrationPlan]) -> None:
+        """Run migrations the scheduler planned (scale-in drains, ahead-of-time moves) in the background."""
+        for plan in plans:
+            move = asyncio.ensure_future(self.platform.migrations.run(plan))
+            self._moves.add(move)
+            move.add_done_callback(self._moves.discard)
 
     def snapshot(self) -> dict[str, Any]:
         """Scaling activity, for the REST API and ``notebookos status``."""

@@ -1,7 +1,8 @@
 """Our REST endpoints beside Enterprise Gateway's: ``/api/notebookos/*`` and ``/metrics``.
 
-They use Enterprise Gateway's own token authorization, CORS and JSON-error mixins, so a client that can
-reach ``/api/kernels`` reaches these with the same token, and errors look like EG's.
+They identify the requester as EG's handlers do in this gateway (:mod:`jupyter_notebookos.gateway.ownership`):
+the admin token sees everything, a user sees their own kernels in full and other users' only as load, and
+``/metrics`` takes the admin token or the read-only metrics token. CORS and JSON errors are EG's.
 """
 
 from __future__ import annotations
@@ -9,14 +10,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from enterprise_gateway.mixins import CORSMixin, JSONErrorsMixin, TokenAuthorizationMixin
+from enterprise_gateway.mixins import CORSMixin, JSONErrorsMixin
 from jupyter_server.base.handlers import APIHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 
+from jupyter_notebookos.gateway.ownership import IdentifiedHandlerMixin, cluster_view, kernel_owner
 
-class _NotebookOSHandler(TokenAuthorizationMixin, CORSMixin, JSONErrorsMixin, APIHandler):
-    """Base of our API handlers: EG's auth, CORS and JSON errors."""
+
+class _NotebookOSHandler(IdentifiedHandlerMixin, CORSMixin, JSONErrorsMixin, APIHandler):
+    """Base of our API handlers: the requester's identity and kernel ownership, EG's CORS and JSON errors."""
 
     @property
     def platform(self) -> Any:
@@ -34,11 +37,15 @@ class ClusterHandler(_NotebookOSHandler):
     """``GET /api/notebookos/cluster``: hosts, GPUs, the subscription ratio and the kernels."""
 
     async def get(self) -> None:
-        self.write_json(self.platform.cluster_snapshot())
+        assert self.identity is not None
+        snapshot = self.platform.cluster_snapshot()
+        self.write_json(cluster_view(snapshot, self.identity, lambda kernel_id: kernel_owner(self.settings, kernel_id)))
 
 
 class MetricsHandler(_NotebookOSHandler):
-    """``GET /metrics``: Prometheus text format, behind the same token as the rest of the API."""
+    """``GET /metrics``: Prometheus text format, for the admin token or the read-only metrics token."""
+
+    reads_metrics = True
 
     async def get(self) -> None:
         self.platform.refresh_metrics()
@@ -52,7 +59,9 @@ class KernelHandler(_NotebookOSHandler):
     async def get(self, kernel_id: str) -> None:
         if kernel_id not in self.platform.kernels:
             raise web.HTTPError(404, f"no NotebookOS kernel {kernel_id}")
-        self.write_json(self.platform.kernel_summary(kernel_id))
+        summary = self.platform.kernel_summary(kernel_id)
+        summary["owner"] = kernel_owner(self.settings, kernel_id) or None  # None: the admin's
+        self.write_json(summary)
 
 
 class MigrateHandler(_NotebookOSHandler):

@@ -100,6 +100,8 @@ class KernelRecord:
     router_ids: dict[int, str] = field(default_factory=dict)
     # The kernel's own etcd credentials (what its replicas get; never the gateway's).
     access: KernelAccess | None = None
+    # The kernelspec's process_proxy config (image, resources...), given to the launcher with every replica.
+    config: dict[str, Any] = field(default_factory=dict)
 
     def router_id(self, scheduler_id: int) -> str:
         """The replica process that stands for the scheduler's replica ``scheduler_id`` now."""
@@ -182,9 +184,10 @@ class GatewayPlatform:
         # The gateway's etcd admin identity (etcd auth on; the app sets it); None: auth off.
         self.etcd_credentials: EtcdCredentials | None = None
         self.access: KernelAccessManager | None = None
+        # Set once start() is done: the HTTP server listens while start() runs (EG binds it first), so a kernel
+        # start that arrives meanwhile waits for it instead of failing.
+        self.ready = asyncio.Event()
         self._waiting: dict[tuple[str, str], asyncio.Future[RunCell | MigrateThenRun]] = {}
-        # Set once start() is done: a kernel requested while the gateway still connects to etcd waits for it.
-        self.up = asyncio.Event()
         # Kernels being stopped: a restart (EG stops, then starts the same id) waits for the stop to finish.
         self._stopping: dict[str, asyncio.Future[None]] = {}
         self._monitor: asyncio.Task[None] | None = None
@@ -251,7 +254,7 @@ class GatewayPlatform:
         self.reconciler.start()
         if self.autoscaler is not None:
             self.autoscaler.start()
-        self.up.set()
+        self.ready.set()
         self.log.info(
             "NotebookOS platform up: %d hosts, %d GPUs, etcd at %s",
             len(self.hosts),
@@ -339,6 +342,7 @@ class GatewayPlatform:
             on_replica_lost=self._on_replica_lost,
         )
         record = KernelRecord(kernel_id, session["kernel_name"], gpus, router, dict(session.get("env") or {}))
+        record.config = dict(session.get("config") or {})
         assert self.access is not None
         record.access = await self.access.restore(kernel_id, str(session.get("etcd_password") or ""))
         record.started_at = float(session.get("started_at", record.started_at))
@@ -361,6 +365,7 @@ class GatewayPlatform:
     async def stop(self, *, stop_kernels: bool = True) -> None:
         """Release etcd; stop every kernel's replicas too, unless they are to outlive this gateway (their
         sessions stay in etcd and the next gateway re-attaches)."""
+        self.ready.clear()
         if self._monitor is not None:
             self._monitor.cancel()
         if self.reconciler is not None:
@@ -394,10 +399,14 @@ class GatewayPlatform:
         signature_scheme: str,
         env: dict[str, str],
         launch_timeout: float | None = None,
+        config: dict[str, Any] | None = None,
     ) -> ReplicaRouter:
-        """Place the kernel's replicas, bind its router, start the replicas and wait until they registered."""
-        with contextlib.suppress(asyncio.TimeoutError):  # EG serves requests while start() still runs
-            await asyncio.wait_for(self.up.wait(), 2 * self.etcd_timeout)
+        """Place the kernel's replicas, bind its router, start the replicas and wait until they registered.
+
+        ``config`` is the kernelspec's ``process_proxy.config``: every replica's launcher gets it."""
+        if not self.ready.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.ready.wait(), self.etcd_timeout * 4)
         if self.coordinator is None or self.ledger is None or self.access is None:
             raise LaunchError("the NotebookOS platform is not connected to etcd yet")
         # A restart: the old incarnation's replicas, keys, objects and GPUs must be gone before the new one's arrive.
@@ -421,6 +430,7 @@ class GatewayPlatform:
             on_replica_lost=self._on_replica_lost,
         )
         record = KernelRecord(kernel_id, kernel_name, gpus, router, env, next_replica=len(placement.replicas))
+        record.config = dict(config or {})
         self.kernels[kernel_id] = record
         try:
             record.access = await self.access.create(kernel_id)
@@ -454,6 +464,7 @@ class GatewayPlatform:
                         "signature_scheme": signature_scheme,
                         "started_at": record.started_at,
                         "env": {k: v for k, v in env.items() if k.startswith("KERNEL_")},
+                        "config": record.config,
                         # Only the gateway's admin user can read this record (the kernel's role covers its
                         # sub-keys, not the record): a restarted gateway restores the kernel's etcd identity.
                         "etcd_password": record.access.etcd_password,
@@ -540,6 +551,7 @@ class GatewayPlatform:
             kernel_name=record.kernel_name,
             env=self._replica_env(record, host),
             secret_env=record.access.secret_env() if record.access is not None else {},
+            config=dict(record.config),
         )
         record.router.expect(replica_id)
         record.handles[replica_id] = await self.launcher.start_replica(spec)
@@ -775,6 +787,8 @@ class GatewayPlatform:
         grant = CellGrant(
             record.router_id(decision.replica_id), decision.host, tuple(decision.device_ids), decision.detail
         )
+        if self.autoscaler is not None:  # kernels this cell stranded move now, off its critical path
+            self.autoscaler.start_moves(self.scheduler.prepare_moves(self.now()))
         await self._wait_up_to_date(request, grant, changed)
         self.metrics.queued_ms.observe((time.monotonic() - request.arrived) * 1000.0)
         return grant

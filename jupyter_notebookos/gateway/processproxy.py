@@ -18,7 +18,7 @@ from tornado import web
 
 from jupyter_notebookos.gateway.platform import GatewayPlatform, KernelRequestError
 from jupyter_notebookos.gateway.router import ReplicaRouter
-from jupyter_notebookos.launchers.base import LaunchError
+from jupyter_notebookos.launchers.base import LaunchError, RequestRefused
 
 
 class NotebookOSProcessProxy(LocalProcessProxy):
@@ -54,8 +54,11 @@ class NotebookOSProcessProxy(LocalProcessProxy):
                 signature_scheme=km.session.signature_scheme,
                 env=env,
                 launch_timeout=timeout,
+                # Every key of the kernelspec's process_proxy.config reaches the launcher (image, resources...);
+                # the launcher lets the kernel's KERNEL_* variables override them, as EG documents.
+                config=dict(self.proxy_config or {}),
             )
-        except KernelRequestError as err:
+        except (KernelRequestError, RequestRefused) as err:  # the user's request: theirs to fix
             raise web.HTTPError(400, str(err)) from err
         except LaunchError as err:
             raise web.HTTPError(500, str(err)) from err

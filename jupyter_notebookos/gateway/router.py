@@ -57,6 +57,10 @@ MALFORMED = (ValueError, TypeError, KeyError, AttributeError)
 #: How many recent cells' changed names the router keeps in case their executor dies before publishing.
 CHANGED_MEMORY = 64
 
+# What a client may send on a kernel's control channel: interrupts, shutdown, the debugger, and kernel_info
+# (read-only; jupyter_server's websocket handler sends it there to see that the kernel answers).
+CONTROL_REQUESTS = frozenset({"interrupt_request", "shutdown_request", "debug_request", "kernel_info_request"})
+
 #: How many request ids the router remembers for routing iopub (oldest forgotten first).
 ROUTE_MEMORY = 4096
 #: How often a cell adopted from a previous gateway checks whether its state record was published.
@@ -824,6 +828,16 @@ class ReplicaRouter:
         await self.links[target].shell.send_multipart(msg.frames())
 
     async def _on_client_control(self, msg: WireMessage) -> None:
+        if msg.msg_type not in CONTROL_REQUESTS:
+            # Cells reach a replica only through the queue, the scheduler and a committed decision: one sent on
+            # the control channel would run on some replica with no GPUs, no record and no state delta.
+            log.warning(
+                "kernel %s: dropped %s that arrived on the control channel (there it takes only %s)",
+                self.kernel_id,
+                msg.msg_type,
+                ", ".join(sorted(CONTROL_REQUESTS)),
+            )
+            return
         if msg.msg_type == "shutdown_request":
             self.shutting_down = True
             for rid, link in list(self.links.items()):

@@ -64,6 +64,11 @@ class LaunchError(RuntimeError):
     """A replica could not be started; the message says why and what to do."""
 
 
+class RequestRefused(LaunchError, ValueError):
+    """The kernel's own request (kernelspec config, ``KERNEL_*``) is invalid or not allowed here: the user's to fix,
+    so the gateway answers it with HTTP 400 and this message, which names the field and the rule."""
+
+
 class Launcher(LoggingConfigurable):
     """Starts and stops replica processes (or pods) on hosts. Subclasses implement every method."""
 

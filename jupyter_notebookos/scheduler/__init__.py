@@ -73,6 +73,7 @@ from .decisions import (
     WaitInQueue,
 )
 from .engine import Scheduler
+from .prewarm import PrewarmSettings, StandbyWindow, standby_window
 from .queue import QueuedCell
 from .settings import POLICIES, SchedulerSettings
 from .status import HostStatus, KernelStatus, RunningCell
@@ -98,6 +99,7 @@ __all__ = [
     "MigrationRefused",
     "Placement",
     "PlacementRefused",
+    "PrewarmSettings",
     "QueueDispatch",
     "QueuedCell",
     "RejectCell",
@@ -111,5 +113,7 @@ __all__ = [
     "ScalingDecision",
     "Scheduler",
     "SchedulerSettings",
+    "StandbyWindow",
     "WaitInQueue",
+    "standby_window",
 ]

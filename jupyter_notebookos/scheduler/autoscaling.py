@@ -20,8 +20,13 @@ from .settings import SchedulerSettings
 from .subscription import admits
 
 
-def target_hosts(model: ClusterModel, settings: SchedulerSettings, queued_gpus: int) -> tuple[int, str]:
-    """The host count the cluster should have, and how it was computed."""
+def target_hosts(
+    model: ClusterModel, settings: SchedulerSettings, queued_gpus: int, ready_buffer: int | None = None
+) -> tuple[int, str]:
+    """The host count the cluster should have, and how it was computed.
+
+    ``ready_buffer`` replaces ``settings.ready_host_buffer`` when given (sized from observed arrivals).
+    """
     gph = max(1, settings.gpus_per_host)
     used = model.busy + (queued_gpus if settings.scale_for_queued_cells else 0)
     for_gpus = math.ceil(used * settings.scaling_factor / gph) + settings.idle_host_buffer
@@ -32,15 +37,16 @@ def target_hosts(model: ClusterModel, settings: SchedulerSettings, queued_gpus: 
     )
     target = max(settings.min_hosts, for_gpus)
     largest = model.largest_request
-    if settings.policy == "notebookos" and settings.ready_host_buffer > 0 and largest > 0:
+    buffer = settings.ready_host_buffer if ready_buffer is None else ready_buffer
+    if settings.policy == "notebookos" and buffer > 0 and largest > 0:
         # Hosts that cannot bind the largest request stay (they hold work); on top, keep the buffer of
         # hosts that can. Scale-in therefore only removes ready hosts beyond the buffer.
         # Ready: can bind the largest request and take one more replica of it (else no kernel can move there).
         cap, replicas = settings.subscription_ratio_cap, settings.replicas
         ready = sum(1 for h in model.hosts_with_idle(largest) if not h.cordoned and admits(h, largest, cap, replicas))
         in_service = sum(1 for h in model.hosts.values() if not h.draining)
-        for_ready = in_service - ready + settings.ready_host_buffer
-        why += f"; {in_service - ready} hosts not ready for {largest} GPUs + {settings.ready_host_buffer} ready"
+        for_ready = in_service - ready + buffer
+        why += f"; {in_service - ready} hosts not ready for {largest} GPUs + {buffer} ready"
         why += f" = {for_ready}"
         target = max(target, for_ready)
     if settings.policy == "notebookos":
@@ -59,6 +65,7 @@ def plan_round(
     over_since: float | None,
     hosts_provisioning: int,
     queued_gpus: int,
+    ready_buffer: int | None = None,
 ) -> tuple[ScalingDecision, float | None]:
     """One autoscaling round; returns the decision and the new 'over target since' time.
 
@@ -67,7 +74,7 @@ def plan_round(
     in_service = [h for h in model.hosts.values() if not h.draining]
     draining = sorted((h for h in model.hosts.values() if h.draining), key=lambda h: h.name)
     current = len(in_service) + hosts_provisioning
-    target, why = target_hosts(model, settings, queued_gpus)
+    target, why = target_hosts(model, settings, queued_gpus, ready_buffer)
     empty = tuple(h.name for h in draining if not h.replicas and h.committed == 0)
 
     if target > current:

@@ -106,9 +106,7 @@ class KernelAdopted(Decision):
 
     def __str__(self) -> str:
         where = ", ".join(f"{r.kernel_id}:r{r.replica_id}@{r.host}" for r in self.replicas) or "no replicas"
-        return (
-            f"adopted {len(self.kernel_ids)} running kernel(s) ({where}), {self.running_cells} cell(s) holding GPUs"
-        )
+        return f"adopted {len(self.kernel_ids)} running kernel(s) ({where}), {self.running_cells} cell(s) holding GPUs"
 
 
 @dataclass(frozen=True, slots=True)

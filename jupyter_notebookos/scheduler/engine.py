@@ -14,6 +14,7 @@ from traitlets import All, Bool, CaselessStrEnum, Float, Int, observe
 from traitlets.config import Configurable
 
 from . import autoscaling, migration, readiness
+from .arrivals import ArrivalLog, ReadyBuffer
 from .baselines import reserve_session, run_batch, run_reserved
 from .cluster import Cell, ClusterModel, HostSpec, Kernel, KernelSpec, RunningCellSpec
 from .decisions import (
@@ -119,11 +120,38 @@ class Scheduler(Configurable):
         kernel request (a whole idle host when some kernel asks for a whole host), so the largest cells can
         start at once. Counted on top of the GPU-based target only where the idle GPUs are fragmented.""",
     ).tag(config=True)
+    ready_host_probability = Float(
+        0.0,
+        min=0.0,
+        max=0.9999,
+        help="""NotebookOS: size the ready-host buffer from observed arrivals instead of ready_host_buffer: keep as
+        many ready hosts as the arrivals of largest-request cells during ready_host_lead_s reach with this
+        probability (a Poisson quantile of the rate seen over ready_host_window_s), between ready_host_min and
+        ready_host_max. 0 keeps the fixed ready_host_buffer.""",
+    ).tag(config=True)
+    ready_host_lead_s = Float(
+        240.0, help="Lead time a new ready host takes to arrive (host provisioning plus one autoscaling round)."
+    ).tag(config=True)
+    ready_host_window_s = Float(1800.0, help="Trailing window over which large-cell arrivals are counted.").tag(
+        config=True
+    )
+    ready_host_min = Int(1, help="Fewest ready hosts when the buffer is sized from arrivals.").tag(config=True)
+    ready_host_max = Int(8, help="Most ready hosts when the buffer is sized from arrivals.").tag(config=True)
     max_prepare_migrations_per_round = Int(
         8,
         help="""NotebookOS: most ahead-of-time moves per autoscaling round. An idle kernel none of whose
         replica hosts can bind its GPUs gets one replica moved to a host that can, before its next cell
         arrives (the cell would otherwise wait for that migration). 0 turns this off.""",
+    ).tag(config=True)
+    headroom_placement = Bool(
+        True,
+        help="""NotebookOS: place one replica of a new kernel on a host that can bind its whole GPU request
+        now (best fit), so its first cell needs no migration; the others on the least subscribed hosts.""",
+    ).tag(config=True)
+    prepare_on_cell_start = Bool(
+        True,
+        help="""NotebookOS: plan ahead-of-time moves also right after a cell takes GPUs (prepare_moves),
+        not only once per autoscaling round, so kernels stranded by that cell move before their next cell.""",
     ).tag(config=True)
     prepare_min_gpus = Int(
         1,
@@ -148,6 +176,7 @@ class Scheduler(Configurable):
         self.queue = CellQueue()
         self.ratio = ClusterRatio(self.settings.subscription_ratio_cap, self.settings.subscription_ratio_half_life_s)
         self._over_since: float | None = None
+        self.arrivals = ArrivalLog(self.settings.ready_host_window_s)
         self._restore(hosts, kernels, replicas, running)
 
     def _snapshot(self) -> SchedulerSettings:
@@ -158,6 +187,7 @@ class Scheduler(Configurable):
         if hasattr(self, "settings"):
             self.settings = self._snapshot()
             self.ratio.cap = self.settings.subscription_ratio_cap
+            self.arrivals.window_s = self.settings.ready_host_window_s
 
     def adopt(
         self,
@@ -292,6 +322,7 @@ class Scheduler(Configurable):
         ) in self.queue:
             return RejectCell(kernel_id, cell_id, need, f"cell {cell_id} is already running or queued")
         self._tick(now)
+        self.arrivals.record(now, need)
         if kernel.running is not None or self.queue.has(kernel_id):
             busy = kernel.running.cell_id if kernel.running is not None else "an earlier queued cell"
             pos = self.queue.push(QueuedCell(kernel_id, cell_id, need, now, prefer), kernel.running is not None)
@@ -523,7 +554,13 @@ class Scheduler(Configurable):
         """One autoscaling round. Pass the hosts already being provisioned so they are not asked twice."""
         self._tick(now)
         decision, self._over_since = autoscaling.plan_round(
-            self.model, self.settings, now, self._over_since, hosts_provisioning, self.queue.gpus_waiting()
+            self.model,
+            self.settings,
+            now,
+            self._over_since,
+            hosts_provisioning,
+            self.queue.gpus_waiting(),
+            self.ready_buffer(now).hosts if self.settings.ready_host_probability > 0 else None,
         )
         queued = {c.kernel_id for c in self.queue.cells()} if len(self.queue) else set()
         prepared = readiness.plan_moves(self.model, self.settings, queued)
@@ -535,6 +572,28 @@ class Scheduler(Configurable):
             )
         self._tick(now)
         return decision
+
+    def ready_buffer(self, now: float) -> ReadyBuffer:
+        """The ready-host buffer the observed arrivals of largest-request cells call for (see ``arrivals``)."""
+        st = self.settings
+        largest = max(1, self.model.largest_request)
+        probability = st.ready_host_probability or 0.99  # off (0): report what 0.99 would keep
+        return self.arrivals.ready_buffer(
+            now, largest, st.ready_host_lead_s, probability, st.ready_host_min, st.ready_host_max
+        )
+
+    def prepare_moves(self, now: float) -> tuple[MigrationPlan, ...]:
+        """Ahead-of-time moves for idle kernels stranded since the last round (see ``readiness``).
+
+        Call it right after a cell took GPUs, off that cell's critical path: the kernels that counted on
+        those GPUs get a replica moved now instead of at the next autoscaling round. Run the plans like
+        any other migration. Empty unless ``prepare_on_cell_start`` is on.
+        """
+        if not self.settings.prepare_on_cell_start:
+            return ()
+        self._tick(now)
+        queued = {c.kernel_id for c in self.queue.cells()} if len(self.queue) else set()
+        return tuple(readiness.plan_moves(self.model, self.settings, queued))
 
     # --- queries --------------------------------------------------------------------------------------
 

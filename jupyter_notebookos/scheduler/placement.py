@@ -1,4 +1,11 @@
-"""Replica placement: distinct hosts, least subscribed first, admission by the subscription ratio."""
+"""Replica placement: distinct hosts, least subscribed first, admission by the subscription ratio.
+
+With ``headroom_placement`` (NotebookOS), one replica of a new kernel goes where its next cell can bind
+the kernel's whole request at once: a host with that many idle GPUs (best fit, so small kernels do not
+break up whole hosts; the largest requests take the most idle host). Otherwise the kernel's first cell
+would often find none of its three hosts free and wait for a migration, and under the production idle
+culler most kernels are new. The other replicas go to the least subscribed hosts as before.
+"""
 
 from __future__ import annotations
 
@@ -32,12 +39,52 @@ def place_replicas(
         # The heap is ordered by pending / gpus; no later host can fit once even the widest cannot.
         return host.pending / max(1, host.gpus) + gpus / widest > limit * max(1, replicas) + 1e-9
 
-    hosts = model.least_subscribed(count, fits, exclude, give_up)
+    hosts: list[Host] = []
+    if settings.headroom_placement and settings.policy == "notebookos" and count > 0 and gpus > 0:
+        roomy = host_with_headroom(model, kernel, limit, replicas, {})
+        if roomy is not None:
+            rest = model.least_subscribed(count - 1, fits, exclude | {roomy.name}, give_up)
+            if len(rest) == count - 1:
+                hosts = [roomy, *rest]
+                why = f"{why}, one with {roomy.idle} idle GPUs for the next cell"
+    if not hosts:
+        hosts = model.least_subscribed(count, fits, exclude, give_up)
     if len(hosts) < count:
         return _refusal(model, kernel, count, len(hosts), exclude, limit, settings)
     ratios = ", ".join(f"{ratio_after(h, gpus, replicas):.2f}" for h in hosts)
     slots = tuple(ReplicaSlot(kernel.kernel_id, model.add_replica(kernel, h), h.name) for h in hosts)
     return Placement(kernel.kernel_id, gpus, slots, f"{why} (ratios after placement {ratios}; limit {limit:.2f})")
+
+
+def host_with_headroom(
+    model: ClusterModel, kernel: Kernel, limit: float, replicas: int, claimed: dict[str, int]
+) -> Host | None:
+    """A host, not yet used by ``kernel``, that admits a replica and can bind its whole request now.
+
+    The largest requests take the host with the most unclaimed idle GPUs; smaller ones the host with the
+    fewest that still suffice (best fit), so they do not break up the hosts the largest requests need.
+    Ties go to the least subscribed host. ``claimed`` maps hosts to idle GPUs already counted on.
+    """
+    exclude = kernel.hosts_in_use()
+    largest = model.max_host_gpus
+    tiers = range(kernel.gpus, largest + 1)
+    if kernel.gpus >= model.largest_request:
+        tiers = range(largest, kernel.gpus - 1, -1)
+    for idle in tiers:
+        best: tuple[float, str] | None = None
+        found: Host | None = None
+        for name in model.idle_tier(idle):
+            if name in exclude or idle - claimed.get(name, 0) < kernel.gpus:
+                continue
+            host = model.hosts[name]
+            if not host.placeable or not admits(host, kernel.gpus, limit, replicas):
+                continue
+            key = (host.pending / host.gpus, name)
+            if best is None or key < best:
+                best, found = key, host
+        if found is not None:
+            return found
+    return None
 
 
 def _refusal(

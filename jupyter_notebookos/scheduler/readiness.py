@@ -15,10 +15,10 @@ still in flight) counts on is not offered to another kernel unless it still has 
 from __future__ import annotations
 
 from . import migration
-from .cluster import ClusterModel, Host, Kernel
+from .cluster import ClusterModel, Kernel
 from .decisions import MigrationPlan
+from .placement import host_with_headroom
 from .settings import SchedulerSettings
-from .subscription import admits
 
 
 def ready(model: ClusterModel, kernel: Kernel) -> bool:
@@ -62,7 +62,7 @@ def plan_moves(model: ClusterModel, settings: SchedulerSettings, queued: set[str
     for kernel in stranded:
         if len(plans) >= budget:
             break
-        target = _target(model, kernel, cap, replicas, claimed)
+        target = host_with_headroom(model, kernel, cap, replicas, claimed)
         if target is None:
             continue
         choice = migration.replica_to_move(model, kernel, replicas)
@@ -76,32 +76,3 @@ def plan_moves(model: ClusterModel, settings: SchedulerSettings, queued: set[str
         )
         plans.append(migration.begin(model, kernel, rid, target, "prepare", why))
     return plans
-
-
-def _target(model: ClusterModel, kernel: Kernel, cap: float, replicas: int, claimed: dict[str, int]) -> Host | None:
-    """Where to move a replica of ``kernel`` so that it can bind its request at once.
-
-    The largest requests take the host with the most unclaimed idle GPUs; smaller ones the host with the
-    fewest that still suffice (best fit), so they do not break up the hosts the largest requests need.
-    Ties go to the least subscribed host.
-    """
-    exclude = kernel.hosts_in_use()
-    largest = model.max_host_gpus
-    tiers = range(kernel.gpus, largest + 1)
-    if kernel.gpus >= model.largest_request:
-        tiers = range(largest, kernel.gpus - 1, -1)
-    for idle in tiers:
-        best: tuple[float, str] | None = None
-        found: Host | None = None
-        for name in model.idle_tier(idle):
-            if name in exclude or idle - claimed.get(name, 0) < kernel.gpus:
-                continue
-            host = model.hosts[name]
-            if host.cordoned or not admits(host, kernel.gpus, cap, replicas):
-                continue
-            key = (host.pending / host.gpus, name)
-            if best is None or key < best:
-                best, found = key, host
-        if found is not None:
-            return found
-    return None

@@ -30,9 +30,16 @@ class SchedulerSettings:
     scale_in_delay_s: float = 60.0
     scale_for_queued_cells: bool = True
     ready_host_buffer: int = 3
+    ready_host_probability: float = 0.0
+    ready_host_lead_s: float = 240.0
+    ready_host_window_s: float = 1800.0
+    ready_host_min: int = 1
+    ready_host_max: int = 8
     max_prepare_migrations_per_round: int = 8
     prepare_min_gpus: int = 1
+    prepare_on_cell_start: bool = True
     executor_fit: str = "best-fit"
+    headroom_placement: bool = True
 
     @property
     def replicas(self) -> int:

@@ -7,7 +7,9 @@ baselines, and reports GPU-hours provisioned and used and the delay cells see. O
 - `workload`: sessions and tasks, and clipping a workload to a window;
 - `trace`: the job-list CSV (with session reconstruction) and the per-session JSON template;
 - `synthetic`: a generator calibrated to the published trace statistics;
-- `culling`: the idle-culling model of the kernel life the trace does not show;
+- `culling`: the idle-culling models of the kernel life the trace does not show (the production culler,
+  the default, ends kernels after T idle minutes; keep-alive is the old model);
+- `prewarm`: NotebookOS's standby replicas for culled kernels, from the scheduler's pre-warming policy;
 - `costs`: durations of platform actions (container start, restore, migration, provisioning);
 - `windows`: the window with the most reservation waste;
 - `simulation`: the discrete-event engine;

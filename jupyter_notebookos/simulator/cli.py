@@ -15,9 +15,11 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from traitlets import TraitError
 
+from jupyter_notebookos.scheduler import PrewarmSettings
 from jupyter_notebookos.simulator.costs import CostModel
-from jupyter_notebookos.simulator.culling import apply_idle_culling
+from jupyter_notebookos.simulator.culling import CULLING_MODELS, apply_idle_culling
 from jupyter_notebookos.simulator.metrics import PolicyMetrics, saved_vs_reservation
+from jupyter_notebookos.simulator.prewarm import apply_prewarm
 from jupyter_notebookos.simulator.report import result_document, write_json, write_table
 from jupyter_notebookos.simulator.simulation import Simulation, SimulationConfig
 from jupyter_notebookos.simulator.synthetic import generate
@@ -41,6 +43,12 @@ SCHEDULER_KNOBS = {
     "ready_host_buffer": "ready_host_buffer",
     "max_prepare_migrations_per_round": "max_prepare_migrations_per_round",
     "executor_fit": "executor_fit",
+    "headroom_placement": "headroom_placement",
+    "prepare_on_cell_start": "prepare_on_cell_start",
+    "ready_host_probability": "ready_host_probability",
+    "ready_host_lead_s": "ready_host_lead_s",
+    "ready_host_min": "ready_host_min",
+    "ready_host_max": "ready_host_max",
 }
 
 
@@ -98,10 +106,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="CSV: also start a new session where num_gpu changes (the trace README's reading)",
     )
     source.add_argument(
+        "--culling",
+        choices=CULLING_MODELS,
+        default="production",
+        help="production: the idle culler ends a kernel after --idle-timeout-min idle minutes and a later cell "
+        "starts a new one; keep-alive: kernels live through every gap of a trace session (the old model, "
+        "for sensitivity analysis) (production)",
+    )
+    source.add_argument(
         "--idle-timeout-min",
         type=float,
         default=30.0,
-        help="idle-culling timeout: kernel life after the last task (and before the first) (30)",
+        help="idle-culling timeout T: kernel life after a task (and before a session's first) (30)",
+    )
+    source.add_argument(
+        "--restart-lead-min",
+        type=float,
+        default=0.0,
+        help="production culling: how long before a returning cell its new kernel is started (0: the "
+        "cell starts it and waits)",
     )
     source.add_argument(
         "--lead-min",
@@ -109,10 +132,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="kernel life before a session's first task (default: the idle-culling timeout)",
     )
-    source.add_argument(
-        "--cull-gaps",
-        action="store_true",
-        help="also end a session at any idle gap longer than the idle-culling timeout",
+
+    prewarm = parser.add_argument_group("pre-warming (NotebookOS, production culling)")
+    defaults_p = PrewarmSettings()
+    prewarm.add_argument(
+        "--prewarm-quantile",
+        type=float,
+        default=defaults_p.quantile,
+        help="keep a culled kernel's standby replicas long enough for this share of the session's own "
+        f"earlier returns; 0: no pre-warming ({defaults_p.quantile:g})",
+    )
+    prewarm.add_argument(
+        "--prewarm-max-hours",
+        type=float,
+        default=defaults_p.max_standby_s / 3600.0,
+        help=f"longest standby window ({defaults_p.max_standby_s / 3600.0:g})",
+    )
+    prewarm.add_argument(
+        "--prewarm-min-history",
+        type=int,
+        default=defaults_p.min_history,
+        help=f"earlier returns a session must show before its history is used ({defaults_p.min_history})",
+    )
+    prewarm.add_argument(
+        "--prewarm-default-min",
+        type=float,
+        default=defaults_p.default_standby_s / 60.0,
+        help=f"standby window of a session without enough history ({defaults_p.default_standby_s / 60.0:g})",
+    )
+    prewarm.add_argument(
+        "--prewarm-margin",
+        type=float,
+        default=defaults_p.margin,
+        help=f"the window is the history's quantile times this ({defaults_p.margin:g})",
     )
 
     window = parser.add_argument_group("window")
@@ -170,6 +222,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"from requesting a host to it taking replicas ({defaults.host_provision_s:g})",
     )
     policy.add_argument(
+        "--host-release-s",
+        type=float,
+        default=defaults.host_release_s,
+        help=f"a removed host is billed this much longer (stop, deprovision) ({defaults.host_release_s:g})",
+    )
+    policy.add_argument(
         "--cell-commit-s",
         type=float,
         default=defaults.cell_commit_s,
@@ -189,12 +247,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ready-host-buffer", type=int, help="hosts kept able to bind the largest request (NotebookOS)"
     )
     scaling.add_argument(
+        "--ready-host-probability",
+        type=float,
+        help="size the ready-host buffer from observed large-cell arrivals: cover one lead time's arrivals "
+        "with this probability (0: the fixed --ready-host-buffer)",
+    )
+    scaling.add_argument("--ready-host-lead-s", type=float, help="lead time of a new ready host (240)")
+    scaling.add_argument("--ready-host-min", type=int, help="fewest ready hosts sized from arrivals (1)")
+    scaling.add_argument("--ready-host-max", type=int, help="most ready hosts sized from arrivals (8)")
+    scaling.add_argument(
         "--max-prepare-migrations-per-round",
         type=int,
         help="ahead-of-time moves of idle kernels per autoscaling round (NotebookOS; 0: off)",
     )
     scaling.add_argument(
         "--executor-fit", choices=("sticky", "best-fit"), help="NotebookOS executor choice among replicas"
+    )
+    scaling.add_argument(
+        "--headroom-placement",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="NotebookOS: one replica of a new kernel where its next cell can bind its GPUs now",
+    )
+    scaling.add_argument(
+        "--prepare-on-cell-start",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="NotebookOS: ahead-of-time moves also right after a cell takes GPUs, not only once per round",
     )
     scaling.add_argument(
         "--autoscale-interval-s", type=float, default=60.0, help="seconds between autoscaling rounds (60)"
@@ -229,6 +308,12 @@ def _check(args: argparse.Namespace) -> None:
         (args.hours > 0, "--hours must be > 0"),
         (args.idle_timeout_min >= 0, "--idle-timeout-min must be >= 0"),
         (args.lead_min is None or args.lead_min >= 0, "--lead-min must be >= 0"),
+        (args.restart_lead_min >= 0, "--restart-lead-min must be >= 0"),
+        (0 <= args.prewarm_quantile <= 1, "--prewarm-quantile must be between 0 and 1"),
+        (args.prewarm_max_hours >= 0, "--prewarm-max-hours must be >= 0"),
+        (args.prewarm_min_history >= 0, "--prewarm-min-history must be >= 0"),
+        (args.prewarm_default_min >= 0, "--prewarm-default-min must be >= 0"),
+        (args.prewarm_margin >= 1, "--prewarm-margin must be >= 1"),
         (args.window_hours is None or args.window_hours > 0, "--window-hours must be > 0"),
         (args.warmup_hours >= 0, "--warmup-hours must be >= 0"),
         (args.gpus_per_host >= 1, "--gpus-per-host must be >= 1"),
@@ -238,7 +323,14 @@ def _check(args: argparse.Namespace) -> None:
             f"--start-hour {MAX_WASTE} needs --window-hours",
         ),
     ]
-    for value in ("container_start_s", "restore_s", "migration_s", "host_provision_s", "cell_commit_s"):
+    for value in (
+        "container_start_s",
+        "restore_s",
+        "migration_s",
+        "host_provision_s",
+        "host_release_s",
+        "cell_commit_s",
+    ):
         checks.append((getattr(args, value) >= 0, f"--{value.replace('_', '-')} must be >= 0"))
     for knob in (
         "min_hosts",
@@ -246,12 +338,14 @@ def _check(args: argparse.Namespace) -> None:
         "max_scale_in_per_round",
         "max_concurrent_migrations",
         "ready_host_buffer",
+        "ready_host_min",
+        "ready_host_max",
         "max_prepare_migrations_per_round",
         "initial_hosts",
     ):
         v = getattr(args, knob)
         checks.append((v is None or v >= 0, f"--{knob.replace('_', '-')} must be >= 0"))
-    for knob in ("scaling_factor", "subscription_ratio_cap", "replicas_per_kernel"):
+    for knob in ("scaling_factor", "subscription_ratio_cap", "replicas_per_kernel", "ready_host_lead_s"):
         v = getattr(args, knob)
         checks.append((v is None or v > 0, f"--{knob.replace('_', '-')} must be > 0"))
     for ok, message in checks:
@@ -266,7 +360,24 @@ def load_workload(args: argparse.Namespace) -> Workload:
     else:
         workload = read_workload(args.trace, split_on_gpu_change=args.split_on_gpu_change)
     lead = None if args.lead_min is None else args.lead_min * 60.0
-    return apply_idle_culling(workload, args.idle_timeout_min * 60.0, lead, args.cull_gaps)
+    return apply_idle_culling(
+        workload,
+        args.idle_timeout_min * 60.0,
+        lead,
+        cull_gaps=args.culling == "production",
+        restart_lead_s=args.restart_lead_min * 60.0,
+    )
+
+
+def prewarm_settings(args: argparse.Namespace) -> PrewarmSettings:
+    """The pre-warming knobs the options name."""
+    return PrewarmSettings(
+        quantile=args.prewarm_quantile,
+        max_standby_s=args.prewarm_max_hours * 3600.0,
+        min_history=args.prewarm_min_history,
+        default_standby_s=args.prewarm_default_min * 60.0,
+        margin=args.prewarm_margin,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -287,6 +398,7 @@ def _run(args: argparse.Namespace, err: Console) -> int:
         restore_s=args.restore_s,
         migration_s=args.migration_s,
         host_provision_s=args.host_provision_s,
+        host_release_s=args.host_release_s,
         cell_commit_s=args.cell_commit_s,
     )
     options: dict[str, Any] = {
@@ -295,6 +407,8 @@ def _run(args: argparse.Namespace, err: Console) -> int:
     workload = load_workload(args)
     if not workload.sessions:
         raise UsageError("the workload has no sessions")
+    # NotebookOS's own workload: the same sessions plus the standby replicas its pre-warming keeps
+    prewarmed, warm_returns, standby_expired = apply_prewarm(workload, prewarm_settings(args))
     origin = 0.0  # hours are counted from the trace's time 0
     span_start, span_end = workload.span_s
     if args.window_hours is None:
@@ -302,6 +416,7 @@ def _run(args: argparse.Namespace, err: Console) -> int:
         start_hour = max(0.0, span_start) / 3600.0
         hours = (span_end - max(0.0, span_start)) / 3600.0
         simulated = workload
+        simulated_prewarmed = prewarmed
     else:
         if args.start_hour == MAX_WASTE:
             start_s = most_wasteful_window(workload, args.window_hours).start_s
@@ -312,6 +427,7 @@ def _run(args: argparse.Namespace, err: Console) -> int:
             raise UsageError(f"--start-hour is past the end of the workload ({span_end / 3600.0:.1f} h)")
         start_hour, hours = start_s / 3600.0, args.window_hours
         simulated = clip_to_window(workload, start_s, end_s, args.warmup_hours * 3600.0)
+        simulated_prewarmed = clip_to_window(prewarmed, start_s, end_s, args.warmup_hours * 3600.0)
     sessions_in_window = sum(1 for s in simulated.sessions if s.end_s > start_s and s.start_s < end_s)
     tasks_in_window = sum(1 for s in simulated.sessions for t in s.tasks if start_s <= t.submit_s < end_s)
 
@@ -345,12 +461,29 @@ def _run(args: argparse.Namespace, err: Console) -> int:
                 measure_start_s=start_s,
                 measure_end_s=end_s,
             )
-            runs[policy] = Simulation(simulated, config, progress).run()
+            replayed = simulated_prewarmed if policy == "notebookos" else simulated
+            runs[policy] = Simulation(replayed, config, progress).run()
     summaries = {name: m.summary() for name, m in runs.items()}
+    model = {
+        "culling": args.culling,
+        "idle_timeout_min": args.idle_timeout_min,
+        "restart_lead_min": args.restart_lead_min,
+        "kernel_restarts": sum(
+            1 for s in workload.sessions if s.resumed and s.tasks and start_s <= s.tasks[0].submit_s < end_s
+        ),
+        "prewarm": {
+            "quantile": args.prewarm_quantile,
+            "max_hours": args.prewarm_max_hours,
+            "warm_returns": warm_returns,
+            "standby_expired": standby_expired,
+        },
+    }
     document = result_document(
-        start_hour, hours, sessions_in_window, tasks_in_window, summaries, saved_vs_reservation(summaries)
+        start_hour, hours, sessions_in_window, tasks_in_window, summaries, saved_vs_reservation(summaries), model
     )
-    title = f"{workload.name}, hour {start_hour:g} + {hours:.1f} h, idle-culling {args.idle_timeout_min:g} min"
+    title = (
+        f"{workload.name}, hour {start_hour:g} + {hours:.1f} h, {args.culling} culling {args.idle_timeout_min:g} min"
+    )
     if args.plot:
         from jupyter_notebookos.simulator.plots import write_plots
 

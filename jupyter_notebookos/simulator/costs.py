@@ -16,10 +16,14 @@ class CostModel:
     - `gpus_per_host`: GPUs on each host (a cloud bill counts hosts up x this x time).
     - `container_start_s`: start a replica container and its kernel process (image cached on the host).
     - `restore_s`: restore a kernel's state from the object store into a fresh replica. Batch pays
-      `container_start_s + restore_s` before every cell; NotebookOS pays it when it migrates a replica.
+      `container_start_s + restore_s` before every cell; NotebookOS pays it when it migrates a replica
+      and when it restarts a kernel the idle culler ended.
     - `migration_s`: extra time of a migration beyond start and restore (catch up with the log, retire the
       old replica, commit the new placement).
-    - `host_provision_s`: from asking for a host to the host accepting replicas (VM boot, node join).
+    - `host_provision_s`: from asking for a host to the host accepting replicas (VM boot, node join);
+      billed.
+    - `host_release_s`: from the scheduler removing a host to the cloud no longer billing it (stop,
+      deprovision).
     - `cell_commit_s`: per-cell cost of NotebookOS's executor election (one etcd transaction).
     """
 
@@ -28,6 +32,7 @@ class CostModel:
     restore_s: float = 10.0
     migration_s: float = 5.0
     host_provision_s: float = 180.0
+    host_release_s: float = 60.0
     cell_commit_s: float = 0.005
 
     def __post_init__(self) -> None:

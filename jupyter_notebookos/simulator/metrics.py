@@ -3,7 +3,9 @@
 Integrals (GPU-hours) are exact: the simulator reports every change of a level (hosts up, GPUs training)
 with its time, and each piecewise-constant level is integrated over the measurement interval
 [`measure_start_s`, `measure_end_s`). Delays count for cells submitted inside that interval; migrations,
-hosts added (`scale_outs`) and removed (`scale_ins`) and Batch restores count when they begin inside it.
+hosts added (`scale_outs`) and removed (`scale_ins`) and restores (Batch: every cell; NotebookOS: kernels
+restarted after the idle culler) count when they begin inside it. `late_by_cause` counts the cells later than
+`IMMEDIATE_S` by what they waited for (`TAIL_CAUSES`), `p99_tail_by_cause` those of them at or above p99.
 """
 
 from __future__ import annotations
@@ -15,6 +17,23 @@ from typing import Any
 import numpy as np
 
 IMMEDIATE_S = 1.0  # a cell that starts within this many seconds of submission counts as immediate
+
+# What a late cell waited for, coarsely, for the tail breakdown. A cell that waited for several things is
+# counted under the first of these its causes name (the order is that of their usual cost).
+TAIL_CAUSES = (
+    ("host provisioning", ("scale-out",)),
+    ("migration", ("migration",)),
+    ("kernel start / restore", ("kernel start", "kernel restart", "fresh replica")),
+    ("queueing", ("queue",)),
+)
+
+
+def tail_cause(cause: str) -> str:
+    """The coarse category (see `TAIL_CAUSES`) of a cell's detailed wait description."""
+    for name, markers in TAIL_CAUSES:
+        if any(marker in cause for marker in markers):
+            return name
+    return "other"
 
 
 class Level:
@@ -78,6 +97,7 @@ class PolicyMetrics:
     end_s: float = 0.0
     decision_counts: dict[str, int] = field(default_factory=dict)
     late_causes: dict[str, int] = field(default_factory=dict)
+    delay_causes: list[str] = field(default_factory=list)  # parallel to delays_s
 
     @classmethod
     def start(cls, policy: str, t0: float, measure_start_s: float, measure_end_s: float) -> PolicyMetrics:
@@ -98,6 +118,7 @@ class PolicyMetrics:
         if self.measure_start_s <= submit_s < self.measure_end_s:
             delay = start_s - submit_s
             self.delays_s.append(delay)
+            self.delay_causes.append(cause)
             if delay > IMMEDIATE_S:
                 key = cause or "other"
                 self.late_causes[key] = self.late_causes.get(key, 0) + 1
@@ -120,6 +141,14 @@ class PolicyMetrics:
         else:
             p50 = p95 = p99 = worst = 0.0
             immediate = 1.0
+        late: dict[str, int] = {}
+        tail: dict[str, int] = {}
+        for delay, cause in zip(self.delays_s, self.delay_causes, strict=True):
+            if delay > IMMEDIATE_S:
+                name = tail_cause(cause)
+                late[name] = late.get(name, 0) + 1
+                if delay >= p99:
+                    tail[name] = tail.get(name, 0) + 1
         return {
             "provisioned_gpu_hours": round(provisioned, 3),
             "busy_gpu_hours": round(busy, 3),
@@ -129,6 +158,9 @@ class PolicyMetrics:
             "migrations": self.migrations,
             "scale_outs": self.scale_outs,
             "scale_ins": self.scale_ins,
+            "restores": self.restores,
+            "late_by_cause": dict(sorted(late.items())),
+            "p99_tail_by_cause": dict(sorted(tail.items())),
         }
 
 

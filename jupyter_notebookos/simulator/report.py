@@ -16,8 +16,9 @@ def result_document(
     tasks: int,
     summaries: dict[str, dict[str, Any]],
     saved: dict[str, float],
+    model: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The `--json` object: window, per-policy figures and the saving against Reservation."""
+    """The `--json` object: window, model, per-policy figures and the saving against Reservation."""
     return {
         "window": {
             "start_hour": round(start_hour, 4),
@@ -25,6 +26,7 @@ def result_document(
             "sessions": sessions,
             "tasks": tasks,
         },
+        "model": model or {},
         "policies": summaries,
         "saved_gpu_hours_vs_reservation": saved,
     }
@@ -84,3 +86,17 @@ def write_table(
             ranked = sorted(causes.items(), key=lambda kv: -kv[1])
             text = ", ".join(f"{cause}: {count}" for cause, count in ranked)
             console.print(f"{name}: cells later than 1 s waited for {text}", highlight=False)
+    for name, p in document["policies"].items():
+        tail = p.get("p99_tail_by_cause") or {}
+        if tail:
+            text = ", ".join(f"{cause}: {count}" for cause, count in sorted(tail.items(), key=lambda kv: -kv[1]))
+            console.print(f"{name}: the p99 tail (cells at or above p99, later than 1 s) is {text}", highlight=False)
+    model = document.get("model") or {}
+    if model.get("culling") == "production":
+        prewarm = model.get("prewarm", {})
+        console.print(
+            f"kernels restarted after the idle culler: {model.get('kernel_restarts', 0)}; NotebookOS pre-warming "
+            f"found {prewarm.get('warm_returns', 0)} returns warm, {prewarm.get('standby_expired', 0)} standby "
+            "windows expired (whole workload)",
+            highlight=False,
+        )

@@ -17,7 +17,12 @@ What the engine adds around the scheduler (the scheduler has no view of these):
   scheduler's autoscaler sizes the cluster from committed and queued GPU counts, which cannot see a cell
   blocked by fragmentation (idle GPUs spread over hosts, or on hosts full of replicas).
 - A kernel's replicas need `container_start_s` before they can run a cell (not Batch: it pays that per
-  cell). Cells submitted earlier are held here and count their wait as delay.
+  cell). A kernel that restarts a culled one (`Session.resumed`) also restores its state from the object
+  store first under NotebookOS (`restore_s`); Reservation starts a fresh reservation (container start
+  only). Cells submitted earlier are held here and count their wait as delay.
+- Hosts are billed from the request (`host_provision_s` before they take replicas) until `host_release_s`
+  after the scheduler removed them (stop and deprovisioning). A migration holds the GPUs it reserved on
+  its target (cell-triggered) and the source replica's host slot until it completes.
 - Sessions are closed loops: a user submits the next cell when the previous one has returned, after the
   idle gap the trace shows between them (trace submission minus trace end of the previous task). So a
   delayed cell delays the rest of its session instead of piling cells up behind it, and each cell's delay
@@ -61,6 +66,7 @@ KERNEL_READY = 5
 TASK_SUBMIT = 6
 CELL_START = 7
 AUTOSCALE = 8
+HOST_GONE = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +174,7 @@ class Simulation:
             TASK_SUBMIT: self._on_task_submit,
             CELL_START: self._on_cell_start,
             AUTOSCALE: self._on_autoscale,
+            HOST_GONE: self._on_host_gone,
         }
         now = self.t0
         events = self._events
@@ -228,13 +235,15 @@ class Simulation:
             self._begin_migration(now, plan)
         for name in decision.remove:
             self.scheduler.remove_host(name, now)
-            self._hosts_up -= 1
+            self._push(now + self.costs.host_release_s, HOST_GONE)  # billed until it is gone
             if self.metrics.measuring(now):
                 self.metrics.scale_ins += 1
-        if decision.remove:
-            self.metrics.provisioned_gpus.set(now, self._hosts_up * self.costs.gpus_per_host)
         if decision.undrain:
             self._dispatch(now)
+
+    def _on_host_gone(self, now: float, a: int, b: int) -> None:
+        self._hosts_up -= 1
+        self.metrics.provisioned_gpus.set(now, self._hosts_up * self.costs.gpus_per_host)
 
     # --- sessions -------------------------------------------------------------------------------------
 
@@ -255,6 +264,10 @@ class Simulation:
             state.placed = True
             self.metrics.committed_gpus.set(now, self.scheduler.model.busy)  # Reservation holds GPUs now
             ready_in = 0.0 if self.policy == "batch" else self.costs.container_start_s
+            if session.resumed and self.policy == "notebookos":
+                ready_in += self.costs.restore_s  # the culled kernel's state, from the object store
+                if self.metrics.measuring(now):
+                    self.metrics.restores += 1
             self._push(now + ready_in, KERNEL_READY, i)
             return True
         assert isinstance(decision, PlacementRefused)
@@ -342,7 +355,9 @@ class Simulation:
         state.submit_at = now
         state.causes = []
         if not state.kernel_ready:
-            state.causes.append("kernel start")
+            if not state.placed:
+                state.causes.append("queue (scale-out)")  # its kernel waits for hosts to be placed
+            state.causes.append("kernel restart" if self._sessions[i].resumed else "kernel start")
             state.held.append(k)
             return
         self._request(now, i, k)
@@ -390,6 +405,8 @@ class Simulation:
         self.metrics.busy_gpus.add(now, task.gpus)
         self.metrics.committed_gpus.set(now, self.scheduler.model.busy)
         self._push(now + task.duration_s, TASK_END, i, k)
+        for plan in self.scheduler.prepare_moves(now):  # kernels this cell stranded, off its critical path
+            self._begin_migration(now, plan)
 
     def _on_task_end(self, now: float, i: int, k: int) -> None:
         session = self._sessions[i]

@@ -32,6 +32,11 @@ class Session:
     `gpus` is the kernel's GPU request (what Reservation holds for the whole life): the maximum over its
     tasks. `life_known` says whether `start_s`/`end_s` came from the input (True) or were derived from the
     tasks (False), in which case the idle-culling model may widen them.
+
+    A kernel that the idle culler ended and that a later cell of the same trace session started again is
+    `resumed`: NotebookOS restores its state from the object store before its first cell. `culled_at_s` is
+    when the culler ended the previous kernel of the trace session, and `return_gaps_s` the earlier
+    cull-to-return gaps of that trace session (its own history, which pre-warming may use).
     """
 
     session_id: str
@@ -40,6 +45,9 @@ class Session:
     end_s: float
     life_known: bool = False
     gpus: int = field(default=0)
+    resumed: bool = False
+    culled_at_s: float | None = None
+    return_gaps_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.gpus <= 0:

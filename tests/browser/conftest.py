@@ -6,6 +6,7 @@ process group; teardown kills the groups, so nothing outlives the tests.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,7 +39,12 @@ def etcd(workdir: Path) -> Iterator[EtcdCluster]:
 @pytest.fixture(scope="module")
 def notebookos_gateway(workdir: Path, etcd: EtcdCluster) -> Iterator[Service]:
     """Our gateway app (NotebookOSGatewayApp), as `notebookos up` runs it."""
-    env = {"NOTEBOOKOS_ETCD_ENDPOINTS": ",".join(etcd.endpoints), "NOTEBOOKOS_STATE_DIR": str(workdir / "state")}
+    env = {
+        "NOTEBOOKOS_ETCD_ENDPOINTS": ",".join(etcd.endpoints),
+        "NOTEBOOKOS_STATE_DIR": str(workdir / "state"),
+        # etcd auth on, as everywhere: the gateway turns it on with this root password.
+        "NOTEBOOKOS_ETCD_PASSWORD": secrets.token_urlsafe(24),
+    }
     gateway = start_gateway(workdir, "notebookos", extra_env=env)
     try:
         yield gateway

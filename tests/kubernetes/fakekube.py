@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime
 import itertools
 import json
 import queue
@@ -27,6 +28,51 @@ IMAGE = "registry.example.com/notebookos/kernel:0.1.0"
 def validate_strict(obj: dict[str, Any]) -> None:
     """Validate one object against the Kubernetes 1.30 schemas, unknown fields rejected."""
     kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+
+
+def restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """What Pod Security Standard "restricted" (Kubernetes 1.30) would refuse in ``pod`` (a Pod, or a workload's
+    pod template spec as ``{"spec": ...}``)."""
+    spec_ = pod["spec"]
+    problems = []
+    pod_security = spec_.get("securityContext") or {}
+    allowed_volumes = {
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    }
+    for volume in spec_.get("volumes") or []:
+        kinds = set(volume) - {"name"}
+        if not kinds <= allowed_volumes:
+            problems.append(f"volume {volume['name']}: {kinds}")
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec_.get(key):
+            problems.append(key)
+    for container in spec_["containers"]:
+        security = container.get("securityContext") or {}
+        if security.get("privileged"):
+            problems.append("privileged")
+        if security.get("allowPrivilegeEscalation") is not False:
+            problems.append("allowPrivilegeEscalation")
+        if "ALL" not in (security.get("capabilities") or {}).get("drop", []):
+            problems.append("capabilities.drop ALL")
+        if set((security.get("capabilities") or {}).get("add", [])) - {"NET_BIND_SERVICE"}:
+            problems.append("capabilities.add")
+        if not (security.get("runAsNonRoot") or pod_security.get("runAsNonRoot")):
+            problems.append("runAsNonRoot")
+        if 0 in (security.get("runAsUser"), pod_security.get("runAsUser")):
+            problems.append("runAsUser 0")
+        seccomp = (security.get("seccompProfile") or pod_security.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            problems.append("seccompProfile")
+        if any(p.get("hostPort") for p in container.get("ports") or []):
+            problems.append("hostPort")
+    return problems
 
 
 async def until(predicate: Any, timeout: float = 5.0) -> Any:
@@ -104,7 +150,13 @@ class FakeCluster:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.objects: dict[str, dict[str, dict[str, Any]]] = {"pods": {}, "events": {}, "nodes": {}}
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {
+            "pods": {},
+            "events": {},
+            "nodes": {},
+            "secrets": {},
+            "configmaps": {},
+        }
         self.priority_classes: dict[str, dict[str, Any]] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.streams: list[_Stream] = []
@@ -112,6 +164,7 @@ class FakeCluster:
         self.last_version = 99
         # (version, resource, type, object): lets a watch resume from a listing's resourceVersion.
         self.history: list[tuple[int, str, str, dict[str, Any]]] = []
+        self.clock_offset = 0.0
         self.core = FakeCoreV1Api(self)
         self.scheduling = FakeSchedulingV1Api(self)
 
@@ -153,6 +206,41 @@ class FakeCluster:
             return {"items": items, "metadata": {"resourceVersion": str(self.last_version)}}
 
     # --- what the cluster does (test helpers) -----------------------------------------------------------------
+
+    def now(self) -> str:
+        """The API server's clock, as creationTimestamp has it (tests move it with ``age``)."""
+        moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=self.clock_offset)
+        return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def age(self, seconds: float) -> None:
+        """Make every object created so far ``seconds`` older (watches see the change)."""
+        with self.lock:
+            for resource, objects in self.objects.items():
+                for obj in list(objects.values()):
+                    meta = obj.get("metadata") or {}
+                    if "creationTimestamp" in meta:
+                        created = datetime.datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
+                        moved = created - datetime.timedelta(seconds=seconds)
+                        aged = copy.deepcopy(obj)
+                        aged["metadata"]["creationTimestamp"] = moved.strftime("%Y-%m-%dT%H:%M:%SZ")
+                        self.put(resource, aged, "MODIFIED")
+
+    def add_config_map(self, namespace: str, name: str) -> dict[str, Any]:
+        """A ConfigMap (the chart's owner object), with a uid as the API server gives it."""
+        config_map = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{next(self.version)}"},
+        }
+        return self.put("configmaps", config_map, "ADDED")
+
+    def secrets(self, selector: str | None = None) -> list[dict[str, Any]]:
+        with self.lock:
+            return [
+                copy.deepcopy(s)
+                for s in self.objects["secrets"].values()
+                if matches_labels(selector, s["metadata"].get("labels") or {})
+            ]
 
     def pod(self, namespace: str, name: str) -> dict[str, Any]:
         with self.lock:
@@ -278,8 +366,43 @@ class FakeCoreV1Api:
             raise _api_error(409, f'pods "{body["metadata"]["name"]}" already exists')
         pod = copy.deepcopy(body)
         pod["metadata"]["uid"] = f"uid-{next(self.cluster.version)}"
+        pod["metadata"]["creationTimestamp"] = self.cluster.now()
         pod["status"] = {"phase": "Pending"}
         return self.cluster.put("pods", pod, "ADDED")
+
+    def create_namespaced_secret(self, namespace: str, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        self.cluster.record("create_namespaced_secret", namespace=namespace, body=copy.deepcopy(body))
+        if f"{namespace}/{body['metadata']['name']}" in self.cluster.objects["secrets"]:
+            raise _api_error(409, f'secrets "{body["metadata"]["name"]}" already exists')
+        secret = copy.deepcopy(body)
+        secret["metadata"].update(uid=f"uid-{next(self.cluster.version)}", creationTimestamp=self.cluster.now())
+        return self.cluster.put("secrets", secret, "ADDED")
+
+    def replace_namespaced_secret(self, name: str, namespace: str, body: dict[str, Any], **kw: Any) -> dict:
+        self.cluster.record("replace_namespaced_secret", name=name, namespace=namespace, body=copy.deepcopy(body))
+        if f"{namespace}/{name}" not in self.cluster.objects["secrets"]:
+            raise _api_error(404, f'secrets "{name}" not found')
+        secret = copy.deepcopy(body)
+        secret["metadata"]["creationTimestamp"] = self.cluster.now()
+        return self.cluster.put("secrets", secret, "MODIFIED")
+
+    def delete_namespaced_secret(self, name: str, namespace: str, **kw: Any) -> dict[str, Any]:
+        self.cluster.record("delete_namespaced_secret", name=name, namespace=namespace)
+        secret = self.cluster.objects["secrets"].get(f"{namespace}/{name}")
+        if secret is None:
+            raise _api_error(404, f'secrets "{name}" not found')
+        return self.cluster.put("secrets", secret, "DELETED")
+
+    def list_namespaced_secret(self, namespace: str, label_selector: str | None = None, **kw: Any) -> dict:
+        self.cluster.record("list_namespaced_secret", namespace=namespace, label_selector=label_selector)
+        return self.cluster.listing("secrets", namespace, label_selector, None)
+
+    def read_namespaced_config_map(self, name: str, namespace: str, **kw: Any) -> dict[str, Any]:
+        self.cluster.record("read_namespaced_config_map", name=name, namespace=namespace)
+        found = self.cluster.objects["configmaps"].get(f"{namespace}/{name}")
+        if found is None:
+            raise _api_error(404, f'configmaps "{name}" not found')
+        return copy.deepcopy(found)
 
     def read_namespaced_pod(self, name: str, namespace: str, **kw: Any) -> dict[str, Any]:
         self.cluster.record("read_namespaced_pod", name=name, namespace=namespace)

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import base64
+import fnmatch
 import json
-from pathlib import Path
+import tomllib
 from typing import Any
 
 import helm_python as helm
 import pytest
 import yaml
-from fakekube import KUBE_VERSION, validate_strict
+from cryptography import x509
+from fakekube import KUBE_VERSION, restricted_violations, validate_strict
+from helmchart import CHART, by_kind, gateway_config, render
 
 from jupyter_notebookos.launchers.base import ReplicaSpec
 from jupyter_notebookos.launchers.kubernetes.launcher import KubernetesLauncher
 from jupyter_notebookos.launchers.kubernetes.placeholders import PlaceholderPool
 
-CHART = Path(__file__).resolve().parents[2] / "helm" / "notebookos"
 GPU_VALUES = yaml.safe_load((CHART / "values-gpu-cluster.yaml").read_text())
 EXTERNAL_PLAIN = {"etcd": {"enabled": False, "external": {"endpoints": ["etcd.infra:2379"]}}}
 SEPARATE_NAMESPACES = {
@@ -31,26 +34,6 @@ VALUE_SETS = {
     "external-etcd": EXTERNAL_PLAIN,
     "separate-namespaces": SEPARATE_NAMESPACES,
 }
-
-
-def render(values: dict[str, Any] | None) -> list[dict[str, Any]]:
-    with helm.Chart.load(CHART) as chart:
-        manifests = chart.render(values=values, name="nbos", namespace="notebookos", is_install=True)
-    docs = []
-    for path, text in manifests.items():
-        if path.endswith("NOTES.txt"):
-            continue
-        docs.extend(d for d in yaml.safe_load_all(text) if d)
-    return docs
-
-
-def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [d for d in docs if d["kind"] == kind]
-
-
-def gateway_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    (config_map,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("gateway-config")]
-    return json.loads(config_map["data"]["notebookos_gateway_config.json"])
 
 
 @pytest.mark.parametrize("values", [None, GPU_VALUES], ids=["default", "gpu-cluster"])
@@ -78,7 +61,7 @@ def test_default_install_runs_a_three_member_etcd_that_survives_a_drain() -> Non
     assert anti["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"] == "kubernetes.io/hostname"
     command = statefulset["spec"]["template"]["spec"]["containers"][0]["command"]
     cluster_flag = next(c for c in command if c.startswith("--initial-cluster="))
-    assert cluster_flag.count("=http://") == 3
+    assert cluster_flag.count("=https://") == 3  # peers speak TLS
     (pdb,) = by_kind(docs, "PodDisruptionBudget")
     assert pdb["spec"]["maxUnavailable"] == 1
     assert pdb["spec"]["selector"]["matchLabels"] == statefulset["spec"]["selector"]["matchLabels"]
@@ -95,7 +78,11 @@ def test_rbac_is_least_privilege() -> None:
         assert rules == {
             ("pods",): ["create", "delete", "get", "list", "watch"],
             ("events",): ["get", "list", "watch"],
+            ("secrets",): ["create", "delete", "list", "update"],  # kernels' own credentials
+            ("configmaps",): ["get"],
         }
+        (owner_rule,) = [r for r in role["rules"] if r["resources"] == ["configmaps"]]
+        assert owner_rule["resourceNames"] == ["nbos-notebookos-kernel-owner"]  # that one only
     (cluster_role,) = by_kind(docs, "ClusterRole")
     for rule in cluster_role["rules"]:
         assert sorted(rule["verbs"]) == ["get", "list", "watch"]
@@ -119,7 +106,7 @@ def test_scheduler_values_reach_the_scheduler_traitlets() -> None:
     # The launcher configured by the chart builds valid replica pods in the chart's namespace.
     pod = launcher.build_pod(ReplicaSpec("k-1", "r0", "gpu-a", "python3-notebookos"), suffix="abc123")
     validate_strict(pod)
-    assert pod["metadata"]["namespace"] == "notebookos"
+    assert pod["metadata"]["namespace"] == "notebookos-kernels"  # S3 store: kernels in a namespace of their own
     assert pod["spec"]["runtimeClassName"] == "nvidia"
     assert {"name": "notebookos-etcd-tls", "secret": {"secretName": "notebookos-etcd-client-tls"}} in pod["spec"][
         "volumes"
@@ -196,3 +183,187 @@ def test_gateway_config_and_env_select_the_kubernetes_platform() -> None:
     assert env["NOTEBOOKOS_ETCD_ENDPOINTS"] == ",".join(app.etcd_endpoints)
     assert env["NOTEBOOKOS_OBJECT_STORE_URL"] == app.object_store_url
     assert not (gateway_config(render({"placeholders": {"enabled": False}}))["NotebookOSGatewayApp"]["autoscale"])
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def _secret(docs: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    (secret,) = [d for d in by_kind(docs, "Secret") if d["metadata"]["name"] == name]
+    return secret
+
+
+def test_default_install_is_closed_a_generated_token_and_only_the_notebookos_kernelspec() -> None:
+    docs = render(None)
+    (deployment,) = by_kind(docs, "Deployment")
+    env = _env(deployment["spec"]["template"]["spec"]["containers"][0])
+    assert env["EG_AUTH_TOKEN"] == {"secretKeyRef": {"name": "nbos-notebookos-gateway-token", "key": "token"}}
+    token = base64.b64decode(_secret(docs, "nbos-notebookos-gateway-token")["data"]["token"])
+    assert len(token) >= 32
+    assert env["EG_ALLOWED_KERNELS"] == "python3-notebookos"
+    # A token given by the deployer is used, and none is generated.
+    docs = render({"gateway": {"authTokenSecret": "mine"}})
+    assert "nbos-notebookos-gateway-token" not in {d["metadata"]["name"] for d in by_kind(docs, "Secret")}
+    env = _env(by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0])
+    assert env["EG_AUTH_TOKEN"]["secretKeyRef"]["name"] == "mine"
+
+
+def test_default_etcd_speaks_tls_to_clients_and_peers_and_the_gateway_is_its_root_user() -> None:
+    docs = render(None)
+    (statefulset,) = by_kind(docs, "StatefulSet")
+    pod = statefulset["spec"]["template"]["spec"]
+    command = pod["containers"][0]["command"]
+    for flag in (
+        "--listen-client-urls=https://0.0.0.0:2379",
+        "--listen-peer-urls=https://0.0.0.0:2380",
+        "--cert-file=/etc/etcd/tls/tls.crt",
+        "--peer-trusted-ca-file=/etc/etcd/tls/ca.crt",
+        "--peer-client-cert-auth=true",
+    ):
+        assert flag in command
+    assert not any("http://0.0.0.0:2379" in c or "http://0.0.0.0:2380" in c for c in command)
+    tls = _secret(docs, "nbos-notebookos-etcd-server-tls")
+    certificate = x509.load_pem_x509_certificate(base64.b64decode(tls["data"]["tls.crt"]))
+    ca = x509.load_pem_x509_certificate(base64.b64decode(tls["data"]["ca.crt"]))
+    assert certificate.issuer == ca.subject
+    names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    dns = names.get_values_for_type(x509.DNSName)
+    for endpoint in gateway_config(docs)["KubernetesLauncher"]["etcd_endpoints"].split(","):
+        host = endpoint.rsplit(":", 1)[0]
+        assert any(fnmatch.fnmatchcase(host, pattern) for pattern in dns), (host, dns)
+    (deployment,) = by_kind(docs, "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = _env(container)
+    assert env["NOTEBOOKOS_ETCD_USER"] == "root"
+    assert env["NOTEBOOKOS_ETCD_PASSWORD"] == {"secretKeyRef": {"name": "nbos-notebookos-etcd-root", "key": "password"}}
+    assert len(base64.b64decode(_secret(docs, "nbos-notebookos-etcd-root")["data"]["password"])) >= 32
+    assert env["NOTEBOOKOS_ETCD_CA_CERT"] == "/etc/notebookos/etcd-tls/ca.crt"
+    (volume,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "etcd-tls"]
+    assert volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]  # never etcd's private key
+    # etcd auth off (a single trusted user) must be said explicitly.
+    env = _env(
+        by_kind(render({"etcd": {"auth": {"enabled": False}}}), "Deployment")[0]["spec"]["template"]["spec"][
+            "containers"
+        ][0]
+    )
+    assert env["NOTEBOOKOS_ETCD_AUTH"] == "0" and "NOTEBOOKOS_ETCD_PASSWORD" not in env
+
+
+def test_cert_manager_issues_etcds_certificates_when_asked() -> None:
+    docs = render({"etcd": {"tls": {"certManager": True}}})
+    certificates = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Certificate"}
+    assert certificates["nbos-notebookos-etcd-ca"]["spec"]["isCA"] is True
+    server = certificates["nbos-notebookos-etcd-server-tls"]["spec"]
+    assert server["secretName"] == "nbos-notebookos-etcd-server-tls"
+    assert server["issuerRef"] == {"name": "nbos-notebookos-etcd-ca", "kind": "Issuer"}
+    assert "*.nbos-notebookos-etcd-peer.notebookos.svc" in server["dnsNames"]
+    assert "nbos-notebookos-etcd-server-tls" not in {d["metadata"]["name"] for d in by_kind(docs, "Secret")}
+    for doc in docs:
+        if not doc["apiVersion"].startswith("cert-manager.io/"):
+            validate_strict(doc)
+
+
+def test_network_policies_let_only_the_gateway_reach_replicas_and_only_ours_reach_etcd() -> None:
+    docs = render(SEPARATE_NAMESPACES | {"etcd": {"antiAffinity": "preferred"}})
+    policies = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in by_kind(docs, "NetworkPolicy")}
+    gateway = {
+        "app.kubernetes.io/name": "notebookos",
+        "app.kubernetes.io/instance": "nbos",
+        "app.kubernetes.io/component": "gateway",
+    }
+    for namespace in ("notebookos-kernels", "team-a"):
+        replicas = policies[(namespace, "nbos-notebookos-replicas")]["spec"]
+        assert replicas["podSelector"]["matchLabels"]["component"] == "notebookos-replica"
+        (rule,) = replicas["ingress"]
+        (source,) = rule["from"]
+        assert source["podSelector"]["matchLabels"] == gateway
+        assert source["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "notebookos"}
+        assert policies[(namespace, "nbos-notebookos-placeholders")]["spec"]["ingress"] == []
+    etcd = policies[("notebookos", "nbos-notebookos-etcd")]["spec"]
+    clients, peers = etcd["ingress"]
+    assert clients["ports"] == [{"port": 2379, "protocol": "TCP"}]
+    assert clients["from"][0] == {"podSelector": {"matchLabels": gateway}}
+    assert {f["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for f in clients["from"][1:]} == {
+        "notebookos-kernels",
+        "team-a",
+    }
+    assert all(f["podSelector"]["matchLabels"]["component"] == "notebookos-replica" for f in clients["from"][1:])
+    assert peers["ports"] == [{"port": 2380, "protocol": "TCP"}]
+    assert peers["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "etcd"
+
+
+def test_kernels_get_a_namespace_of_their_own_enforcing_pod_security_restricted() -> None:
+    docs = render(GPU_VALUES)
+    (namespace,) = by_kind(docs, "Namespace")
+    assert namespace["metadata"]["name"] == "notebookos-kernels"
+    labels = namespace["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert labels["pod-security.kubernetes.io/enforce-version"] == "v1.30"
+    config = gateway_config(docs)
+    assert config["KubernetesLauncher"]["namespace"] == "notebookos-kernels"
+    assert config["KubernetesLauncher"]["owner_config_map"] == config["PlaceholderPool"]["owner_config_map"]
+    owners = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"] == "nbos-notebookos-kernel-owner"]
+    assert [o["metadata"]["namespace"] for o in owners] == ["notebookos-kernels"]
+    # The S3 endpoint reaches the replicas too, not only the gateway.
+    assert config["KubernetesLauncher"]["object_store_endpoint_url"] == "https://minio.storage.svc:9000"
+
+
+@pytest.mark.parametrize("values", [None, GPU_VALUES], ids=["default", "gpu-cluster"])
+def test_the_charts_own_pods_meet_the_restricted_pod_security_standard(values: dict[str, Any] | None) -> None:
+    for workload in by_kind(render(values), "Deployment") + by_kind(render(values), "StatefulSet"):
+        assert restricted_violations(workload["spec"]["template"]) == [], workload["metadata"]["name"]
+
+
+# What a release necessarily sets for itself (names, addresses, the image it installs), with why; every other value
+# the chart writes must be the traitlet's own default, so the chart and the code never disagree silently.
+RELEASE_SPECIFIC = {
+    ("NotebookOSGatewayApp", "launcher"): "the chart runs the Kubernetes platform",
+    ("NotebookOSGatewayApp", "autoscale"): "placeholders.enabled: the chart scales GPU nodes by default",
+    ("NotebookOSGatewayApp", "etcd_endpoints"): "the release's etcd",
+    ("NotebookOSGatewayApp", "object_store_url"): "the release's store",
+    ("KubernetesLauncher", "etcd_endpoints"): "the release's etcd",
+    ("KubernetesLauncher", "object_store_url"): "the release's store",
+    ("KubernetesLauncher", "object_store_claim"): "the release's claim",
+    ("KubernetesLauncher", "image"): "the release's kernel image",
+    ("KubernetesLauncher", "namespace"): "the release's kernel namespace",
+    ("KubernetesLauncher", "service_account"): "the release's replica service account",
+    ("KubernetesLauncher", "instance"): "the release's name",
+    ("KubernetesLauncher", "owner_config_map"): "the release's owner object",
+    ("PlaceholderPool", "namespace"): "the release's kernel namespace",
+    ("PlaceholderPool", "instance"): "the release's name",
+    ("PlaceholderPool", "owner_config_map"): "the release's owner object",
+}
+
+
+def test_every_default_value_the_chart_writes_is_the_traitlets_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
+    from jupyter_notebookos.launchers.kubernetes import NodeInventory
+    from jupyter_notebookos.scheduler.engine import Scheduler
+
+    for variable in ("NOTEBOOKOS_ETCD_ENDPOINTS", "NOTEBOOKOS_KERNEL_NAMESPACE", "NOTEBOOKOS_KERNEL_IMAGE"):
+        monkeypatch.delenv(variable, raising=False)
+    config = gateway_config(render(None))
+    checked = 0
+    for cls in (NotebookOSGatewayApp, Scheduler, KubernetesLauncher, NodeInventory, PlaceholderPool):
+        instance = cls(core_api=object()) if cls is KubernetesLauncher else cls()
+        for name, value in config[cls.__name__].items():
+            if (cls.__name__, name) in RELEASE_SPECIFIC:
+                continue
+            default = getattr(instance, name)
+            assert value == default, (
+                f"chart writes {cls.__name__}.{name} = {value!r}; the traitlet's default is {default!r}"
+            )
+            checked += 1
+    assert checked >= 40
+    # Every scheduler knob is a chart value.
+    assert set(config["Scheduler"]) == set(Scheduler.class_trait_names(config=True))
+
+
+@pytest.mark.parametrize("dockerfile", ["kernel.Dockerfile", "gateway.Dockerfile"])
+def test_both_images_can_reach_an_s3_object_store(dockerfile: str) -> None:
+    root = CHART.parents[1]
+    text = (root / "docker" / dockerfile).read_text()
+    assert '".[s3]"' in text  # the package's s3 extra: s3fs
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(requirement.startswith("s3fs") for requirement in extras["s3"])

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from fakekube import NAMESPACE, FakeCluster, until, validate_strict
+from replicas import env_of, free_ports, pinned_node, register, run_replica_pods
 
-from jupyter_notebookos.embedded.etcd import EtcdBinaryMissing, EtcdCluster, find_etcd_binary
+from jupyter_notebookos.embedded.etcd import EtcdCluster
 from jupyter_notebookos.gateway.nodes import NodeHosts
 from jupyter_notebookos.gateway.platform import GatewayPlatform
 from jupyter_notebookos.gateway.router import RouterSettings
@@ -29,24 +29,12 @@ from jupyter_notebookos.launchers.kubernetes import (
     PlaceholderPool,
     PlaceholderProvisioner,
 )
-from jupyter_notebookos.launchers.kubernetes.objects import make_priority_class
+from jupyter_notebookos.launchers.kubernetes.objects import kernel_secret_name, make_priority_class
 from jupyter_notebookos.replication import protocol
-from jupyter_notebookos.replication.protocol import ReplicaRegistration
 from jupyter_notebookos.scheduler import Scheduler
 
 IMAGE = "registry.example.com/notebookos/kernel:0.1.0"
 KERNEL = "5d1f7c2e-0a4b-4c3d-9e8f-1a2b3c4d5e6f"
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    try:
-        find_etcd_binary()
-    except EtcdBinaryMissing as err:
-        pytest.skip(str(err))
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), 1).start()
-    yield cluster
-    cluster.stop()
 
 
 @dataclass
@@ -98,77 +86,19 @@ async def gateway(etcd: EtcdCluster, cluster: FakeCluster, tmp_path: Path) -> As
     await launcher.stop()
 
 
-def _free_ports(count: int) -> dict[str, int]:
-    socks = [socket.socket() for _ in range(count)]
-    for sock in socks:
-        sock.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for sock in socks:
-        sock.close()
-    return dict(zip(("shell", "iopub", "stdin", "control", "hb"), ports, strict=True))
-
-
 def _start_kernel(platform: GatewayPlatform, **env: str) -> asyncio.Task[Any]:
     return asyncio.ensure_future(
         platform.start_kernel(
             kernel_id=KERNEL,
             kernel_name="python3-notebookos",
             ip="127.0.0.1",
-            ports=_free_ports(5),
+            ports=free_ports(5),
             key=b"0123456789abcdef",
             signature_scheme="hmac-sha256",
             env={"KERNEL_GPUS": "1", **env},
             launch_timeout=20.0,
         )
     )
-
-
-async def _register(platform: GatewayPlatform, pod: dict[str, Any]) -> None:
-    """What the replica in this pod would do once up: register under its own lease."""
-    co = platform.coordinator
-    assert co is not None
-    labels = pod["metadata"]["labels"]
-    lease = await co.grant_lease(30)
-    registration = ReplicaRegistration(
-        kernel_id=labels["kernel_id"],
-        replica_id=labels["replica_id"],
-        host=pod["metadata"]["annotations"]["notebookos.io/host"],
-        ip="10.0.0.7",
-        shell_port=1,
-        iopub_port=2,
-        stdin_port=3,
-        control_port=4,
-        hb_port=5,
-        pid=1,
-        lease=lease.id,
-        applied_seq=0,
-        pod=pod["metadata"]["name"],
-    )
-    await co.put(co.keys.replica(registration.kernel_id, registration.replica_id), registration.to_json(), lease=lease)
-
-
-async def _run_replica_pods(gateway: K8sGateway, count: int, skip: set[str] | None = None) -> list[dict[str, Any]]:
-    """Play scheduler and kubelet: run each replica pod the launcher creates on its pinned node."""
-    seen = set(skip or ())
-    started: list[str] = []
-    while len(started) < count:
-        pod = await until(lambda: next((p for p in gateway.replica_pods() if p["metadata"]["name"] not in seen), None))
-        name = pod["metadata"]["name"]
-        gateway.cluster.run_pod(NAMESPACE, name, _pinned_node(pod))
-        seen.add(name)
-        started.append(name)
-    return [gateway.cluster.pod(NAMESPACE, name) for name in started]
-
-
-def _env(pod: dict[str, Any]) -> dict[str, Any]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
-
-
-def _pinned_node(pod: dict[str, Any]) -> str:
-    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    (field,) = terms["nodeSelectorTerms"][0]["matchFields"]
-    assert (field["key"], field["operator"]) == ("metadata.name", "In")
-    return str(field["values"][0])
 
 
 @pytest.mark.asyncio
@@ -199,8 +129,8 @@ async def test_gpu_nodes_become_hosts_and_follow_cordons_and_removal(gateway: K8
 @pytest.mark.asyncio
 async def test_kernel_start_creates_three_anti_affine_pods_with_the_replica_protocol(gateway: K8sGateway) -> None:
     start = _start_kernel(gateway.platform)
-    pods = await _run_replica_pods(gateway, 3)
-    nodes = {_pinned_node(p) for p in pods}
+    pods = await run_replica_pods(gateway.cluster, 3)
+    nodes = {pinned_node(p) for p in pods}
     assert nodes == {"gpu-a", "gpu-b", "gpu-c"}  # three distinct hosts, each pinned
     for call in gateway.cluster.called("create_namespaced_pod"):
         validate_strict(call["body"])
@@ -209,20 +139,24 @@ async def test_kernel_start_creates_three_anti_affine_pods_with_the_replica_prot
         assert term["topologyKey"] == "kubernetes.io/hostname"
         assert term["labelSelector"]["matchLabels"]["kernel_id"] == KERNEL
         assert "nvidia.com/gpu" not in json.dumps(pod["spec"]["containers"][0].get("resources", {}))
-        env = _env(pod)
+        env = env_of(pod)
         assert env[protocol.ENV_IP] == "0.0.0.0"
         assert env[protocol.ENV_ADVERTISE_IP] == {"fieldRef": {"fieldPath": "status.podIP"}}
         assert env[protocol.ENV_HOST] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
         assert env[protocol.ENV_ETCD_ENDPOINTS] == ",".join(gateway.platform.etcd_endpoints)
         assert env[protocol.ENV_ETCD_PREFIX] == gateway.platform.etcd_prefix
-        assert env[protocol.ENV_OBJECT_STORE_URL] == "s3://notebookos-store/objects"
-        assert env[protocol.ENV_KEY] == "0123456789abcdef"
+        assert env[protocol.ENV_OBJECT_STORE_URL] == f"s3://notebookos-store/objects/kernels/{KERNEL}"
+        # The kernel's HMAC key only by reference to the kernel's Secret: a pod spec reader cannot sign messages.
+        assert env[protocol.ENV_KEY] == {"secretKeyRef": {"name": kernel_secret_name(KERNEL), "key": protocol.ENV_KEY}}
+        assert "0123456789abcdef" not in json.dumps(pod)
         assert "NOTEBOOKOS_STATE_DIR" not in env  # the gateway's own directory means nothing in a pod
         devices = json.loads(env[protocol.ENV_GPU_DEVICES])
         assert [d["index"] for d in devices] == list(range(8)) and not any(d["simulated"] for d in devices)
+    (secret,) = gateway.cluster.secrets(f"kernel_id={KERNEL}")
+    assert secret["stringData"][protocol.ENV_KEY] == "0123456789abcdef"
     assert not start.done()  # waiting for the replicas to register
     for pod in pods:
-        await _register(gateway.platform, pod)
+        await register(gateway.platform, pod)
     router = await asyncio.wait_for(start, 10)
     assert sorted(router.registrations) == ["0", "1", "2"]
 
@@ -247,19 +181,19 @@ async def test_migration_starts_a_pod_pinned_to_the_target_then_deletes_the_old_
     gateway.cluster.add_node("gpu-d", gpus=8)
     await until(lambda: "gpu-d" in gateway.hosts())
     start = _start_kernel(gateway.platform)
-    pods = await _run_replica_pods(gateway, 3)
+    pods = await run_replica_pods(gateway.cluster, 3)
     for pod in pods:
-        await _register(gateway.platform, pod)
+        await register(gateway.platform, pod)
     await asyncio.wait_for(start, 10)
     record = gateway.platform.kernels[KERNEL]
     used = {h.host for h in record.handles.values()}
     (target,) = {"gpu-a", "gpu-b", "gpu-c", "gpu-d"} - used
     old = record.handles["0"]
     move = asyncio.ensure_future(gateway.platform.migrate(KERNEL, "0", target))
-    (new_pod,) = await _run_replica_pods(gateway, 1, skip={p["metadata"]["name"] for p in pods})
-    assert _pinned_node(new_pod) == target
+    (new_pod,) = await run_replica_pods(gateway.cluster, 1, skip={p["metadata"]["name"] for p in pods})
+    assert pinned_node(new_pod) == target
     validate_strict(gateway.cluster.called("create_namespaced_pod")[-1]["body"])
-    await _register(gateway.platform, new_pod)
+    await register(gateway.platform, new_pod)
     result = await asyncio.wait_for(move, 10)
     assert (result["from"], result["to"]) == (old.host, target)
     await until(lambda: old.pod not in {p["metadata"]["name"] for p in gateway.replica_pods()})
@@ -303,3 +237,44 @@ async def test_scale_out_asks_for_placeholders_off_existing_hosts_and_scale_in_d
     await gateway.provisioner.provision(1, on_ready)
     assert ready == [("gpu-new", 8)]
     assert len(gateway.cluster.pods("component=notebookos-placeholder")) == 1
+
+
+@pytest.mark.asyncio
+async def test_the_kernelspec_config_reaches_replacement_replicas_and_is_recorded_for_a_restart(
+    gateway: K8sGateway,
+) -> None:
+    gateway.cluster.add_node("gpu-d", gpus=8)
+    await until(lambda: "gpu-d" in gateway.hosts())
+    config = {"cpus": "3", "memory": "5Gi", "memory_limit": "9Gi", "launch_timeout": 20}
+    start = asyncio.ensure_future(
+        gateway.platform.start_kernel(
+            kernel_id=KERNEL,
+            kernel_name="python3-notebookos",
+            ip="127.0.0.1",
+            ports=free_ports(5),
+            key=b"0123456789abcdef",
+            signature_scheme="hmac-sha256",
+            env={"KERNEL_GPUS": "1", "KERNEL_MEMORY": "6Gi"},
+            launch_timeout=20.0,
+            config=config,
+        )
+    )
+    pods = await run_replica_pods(gateway.cluster, 3)
+    for pod in pods:
+        await register(gateway.platform, pod)
+    await asyncio.wait_for(start, 10)
+    expected = {"requests": {"cpu": "3", "memory": "6Gi"}, "limits": {"memory": "9Gi"}}  # KERNEL_MEMORY wins
+    assert all(p["spec"]["containers"][0]["resources"] == expected for p in pods)
+    # A replacement replica (here a migration's target) is built from the same config.
+    record = gateway.platform.kernels[KERNEL]
+    (target,) = {"gpu-a", "gpu-b", "gpu-c", "gpu-d"} - {h.host for h in record.handles.values()}
+    move = asyncio.ensure_future(gateway.platform.migrate(KERNEL, "0", target))
+    (new_pod,) = await run_replica_pods(gateway.cluster, 1, skip={p["metadata"]["name"] for p in pods})
+    assert new_pod["spec"]["containers"][0]["resources"] == expected
+    await register(gateway.platform, new_pod)
+    await asyncio.wait_for(move, 10)
+    # The session record a restarted gateway re-attaches from carries it.
+    coordinator = gateway.platform.coordinator
+    assert coordinator is not None
+    session = json.loads((await coordinator.get(coordinator.keys.kernel(KERNEL))).value)
+    assert session["config"] == config

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from fakekube import NAMESPACE, FakeCluster, until, validate_strict
@@ -90,7 +92,7 @@ async def test_unschedulable_condition_fails_fast_but_a_triggered_scale_up_is_wa
 async def test_image_pull_failure_fails_the_launch_fast(
     cluster: FakeCluster, make_launcher: Callable[..., KubernetesLauncher]
 ) -> None:
-    launcher = make_launcher()
+    launcher = make_launcher(allowed_images=["registry.example.com/*"])
     launch = asyncio.create_task(launcher.start_replica(spec(KERNEL_IMAGE="registry.example.com/no/such:tag")))
     name = await created_pod(cluster)
     cluster.set_pod_status(
@@ -254,3 +256,73 @@ async def test_a_restarted_gateway_reattaches_to_running_replicas(
     assert [(await restarted.status(h)).phase for h in handles] == [ReplicaPhase.RUNNING] * 3
     assert {h.kernel_id for h in await restarted.all_replicas()} == {KERNEL}
     assert await restarted.find_replicas("another-kernel") == []
+
+
+async def test_a_kernels_secret_is_created_once_for_its_replicas_and_deleted_with_it(
+    cluster: FakeCluster, make_launcher: Callable[..., KubernetesLauncher]
+) -> None:
+    cluster.add_config_map(NAMESPACE, "nbos-notebookos-kernel-owner")
+    launcher = make_launcher(owner_config_map="nbos-notebookos-kernel-owner")
+    credentials = {"NOTEBOOKOS_ETCD_USER": "notebookos-kernel-x", "NOTEBOOKOS_ETCD_PASSWORD": "pw-of-this-kernel"}
+    launches = [
+        asyncio.create_task(launcher.start_replica(dataclasses.replace(spec(r, h), secret_env=credentials)))
+        for r, h in (("r0", "gpu-a"), ("r1", "gpu-b"), ("r2", "gpu-c"))
+    ]
+    for replica, node in (("r0", "gpu-a"), ("r1", "gpu-b"), ("r2", "gpu-c")):
+        cluster.run_pod(NAMESPACE, await created_pod(cluster, replica), node)
+    await asyncio.wait_for(asyncio.gather(*launches), 5)
+    assert len(cluster.called("create_namespaced_secret")) == 1
+    (secret,) = cluster.secrets(f"kernel_id={KERNEL}")
+    assert secret["stringData"] == credentials
+    assert secret["metadata"]["ownerReferences"][0]["name"] == "nbos-notebookos-kernel-owner"
+    for call in cluster.called("create_namespaced_pod"):
+        assert "pw-of-this-kernel" not in str(call["body"])
+        assert call["body"]["metadata"]["ownerReferences"][0]["uid"].startswith("uid-")
+    launcher.forget_kernel(KERNEL)
+    await until(lambda: cluster.secrets(f"kernel_id={KERNEL}") == [])
+
+
+async def test_the_sweep_deletes_only_old_objects_of_kernels_the_gateway_does_not_run(
+    cluster: FakeCluster, make_launcher: Callable[..., KubernetesLauncher]
+) -> None:
+    launcher = make_launcher(orphan_grace=600.0)
+    secret_env = {"NOTEBOOKOS_ETCD_PASSWORD": "pw"}
+    ours = asyncio.create_task(launcher.start_replica(dataclasses.replace(spec("r0", "gpu-a"), secret_env=secret_env)))
+    cluster.run_pod(NAMESPACE, await created_pod(cluster), "gpu-a")
+    await asyncio.wait_for(ours, 5)
+    # What a gateway that crashed left behind: a kernel's pod and Secret that no kernel record names.
+    crashed = make_launcher()
+    lost = "9f8e7d6c-0000-4000-8000-000000000001"
+    lost_spec = ReplicaSpec(lost, "r0", "gpu-b", "python3-notebookos", secret_env=secret_env)
+    crashed_launch = asyncio.create_task(crashed.start_replica(lost_spec))
+    lost_pod = await until(lambda: next((p for p in cluster.pods(f"kernel_id={lost}")), None))
+    cluster.run_pod(NAMESPACE, lost_pod["metadata"]["name"], "gpu-b")
+    await asyncio.wait_for(crashed_launch, 5)
+    assert await launcher.sweep_orphans() == []  # young: perhaps a kernel being started right now
+    cluster.age(601)
+    key = f"{NAMESPACE}/{lost_pod['metadata']['name']}"
+    aged = cluster.pod(NAMESPACE, lost_pod["metadata"]["name"])["metadata"]["creationTimestamp"]
+    await until(lambda: (launcher._find_cached(key) or {}).get("metadata", {}).get("creationTimestamp") == aged)
+    deleted = await launcher.sweep_orphans()
+    assert sorted((o.kind, o.kernel_id) for o in deleted) == [("Pod", lost), ("Secret", lost)]
+    assert cluster.pods(f"kernel_id={lost}") == [] and cluster.secrets(f"kernel_id={lost}") == []
+    assert len(cluster.pods(f"kernel_id={KERNEL}")) == 1 and len(cluster.secrets(f"kernel_id={KERNEL}")) == 1
+
+
+async def test_replicas_get_etcds_ca_in_their_namespace_and_no_client_key(
+    cluster: FakeCluster, make_launcher: Callable[..., KubernetesLauncher], tmp_path: Path
+) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    launcher = make_launcher(etcd_ca_file=str(ca), instance="nbos")
+    launch = asyncio.create_task(launcher.start_replica(spec()))
+    cluster.run_pod(NAMESPACE, await created_pod(cluster), "gpu-a")
+    await asyncio.wait_for(launch, 5)
+    (secret,) = [s for s in cluster.secrets() if s["metadata"]["name"] == "nbos-etcd-ca"]
+    assert secret["stringData"] == {"ca.crt": ca.read_text()}
+    validate_strict(secret)
+    pod = cluster.called("create_namespaced_pod")[0]["body"]
+    assert {"name": "notebookos-etcd-tls", "secret": {"secretName": "nbos-etcd-ca"}} in pod["spec"]["volumes"]
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["NOTEBOOKOS_ETCD_CA_CERT"] == "/etc/notebookos/etcd-tls/ca.crt"
+    assert "NOTEBOOKOS_ETCD_CERT" not in env and "NOTEBOOKOS_ETCD_KEY" not in env

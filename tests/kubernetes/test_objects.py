@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import pytest
-from fakekube import IMAGE, NAMESPACE, FakeCluster, validate_strict
+from fakekube import IMAGE, NAMESPACE, FakeCluster, restricted_violations, validate_strict
 
-from jupyter_notebookos.launchers.base import ReplicaSpec
+from jupyter_notebookos.gateway.access import kernel_store_url
+from jupyter_notebookos.launchers.base import ReplicaSpec, RequestRefused
 from jupyter_notebookos.launchers.kubernetes import objects
 from jupyter_notebookos.launchers.kubernetes.launcher import KubernetesLauncher
-from jupyter_notebookos.launchers.kubernetes.objects import InvalidKernelRequest
+from jupyter_notebookos.launchers.kubernetes.request import PodSettings, resolve_replica_request
+from jupyter_notebookos.launchers.kubernetes.validation import InvalidKernelRequest, check_dns1123_label
 
 KERNEL = "6f1c2a0e-5d0b-4c36-9f4e-2b9d0c1e7a11"
-SETTINGS = objects.PodSettings(
+SETTINGS = PodSettings(
     namespace=NAMESPACE,
     image=IMAGE,
     service_account="notebookos-replica",
@@ -25,6 +28,7 @@ SETTINGS = objects.PodSettings(
     object_store_url="file:///mnt/notebookos-store",
     object_store_claim="notebookos-object-store",
     image_pull_secrets=("regcred",),
+    allowed_images=("ghcr.io/alice/*",),
 )
 
 
@@ -45,7 +49,7 @@ def build(
     env: dict[str, str] | None = None, config: dict[str, Any] | None = None, node: str | None = "gpu-node-1"
 ) -> dict[str, Any]:
     replica = spec(env, config)
-    request = objects.resolve_replica_request(replica, SETTINGS)
+    request = resolve_replica_request(replica, SETTINGS)
     name = objects.replica_pod_name(KERNEL, "r1", "ab12cd")
     return objects.make_replica_pod(replica, request, SETTINGS, name=name, node=node)
 
@@ -116,7 +120,8 @@ def test_replica_runs_the_notebookos_kernel_with_its_identity_and_cluster_addres
     assert env["NOTEBOOKOS_ADVERTISE_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["NOTEBOOKOS_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["NOTEBOOKOS_ETCD_ENDPOINTS"] == "etcd-0:2379,etcd-1:2379,etcd-2:2379"
-    assert env["NOTEBOOKOS_OBJECT_STORE_URL"] == "file:///mnt/notebookos-store"
+    # The kernel's own prefix of the store, as the gateway names it.
+    assert env["NOTEBOOKOS_OBJECT_STORE_URL"] == kernel_store_url("file:///mnt/notebookos-store", KERNEL)
     assert env["KERNEL_USERNAME"] == "alice"  # EG's KERNEL_* pass through
     assert "KERNEL_VOLUMES" not in env  # consumed as structure
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
@@ -125,7 +130,13 @@ def test_replica_runs_the_notebookos_kernel_with_its_identity_and_cluster_addres
         "notebookos-object-store": "/mnt/notebookos-store",
         "notebookos-etcd-tls": "/etc/notebookos/etcd-tls",
     }
-    assert pod["spec"]["securityContext"] == {"fsGroup": 100, "runAsUser": 1000, "runAsGroup": 100}
+    assert pod["spec"]["securityContext"] == {
+        "fsGroup": 100,
+        "runAsUser": 1000,
+        "runAsGroup": 100,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert container["workingDir"] == "/home/jovyan/work"
 
 
@@ -154,7 +165,7 @@ def test_pod_names_are_valid_and_unique_per_incarnation() -> None:
     first = objects.replica_pod_name(KERNEL, "r1", "aaaaaa")
     again = objects.replica_pod_name(KERNEL, "r1", "bbbbbb")
     assert first != again and len(first) <= 63
-    objects.check_dns1123_label("pod name", first)
+    check_dns1123_label("pod name", first)
     long_name = objects.replica_pod_name("K" * 80, "Replica_1", "abc123")
     assert len(long_name) <= 63 and long_name.endswith("-abc123")
 
@@ -207,9 +218,9 @@ def test_bad_kernel_values_are_rejected_with_a_message_naming_them(
 
 
 def test_no_image_anywhere_says_where_to_configure_one() -> None:
-    settings = objects.PodSettings(namespace=NAMESPACE)
+    settings = PodSettings(namespace=NAMESPACE)
     with pytest.raises(InvalidKernelRequest, match=r"image_name.*KERNEL_IMAGE.*KubernetesLauncher\.image"):
-        objects.resolve_replica_request(spec(), settings)
+        resolve_replica_request(spec(), settings)
 
 
 @pytest.mark.asyncio
@@ -252,3 +263,136 @@ def test_validation_catches_a_malformed_builder_change() -> None:
     pod["spec"]["containers"][0]["resource"] = {}  # misspelt field
     with pytest.raises(Exception, match="resource"):
         validate_strict(pod)
+
+
+# --- what a kernel may ask for, and how its pods are locked down ---------------------------------------------
+
+
+def test_replica_and_placeholder_pods_meet_the_restricted_pod_security_standard() -> None:
+    for pod in (build(FULL_ENV), build(), objects.make_placeholder_pod("p-1", objects.PlaceholderSettings("ns"))):
+        validate_strict(pod)
+        assert restricted_violations(pod) == []
+        assert pod["spec"]["automountServiceAccountToken"] is False
+    # The checker itself catches what it must.
+    bad = build()
+    bad["spec"]["containers"][0]["securityContext"] = {}
+    bad["spec"]["volumes"].append({"name": "root", "hostPath": {"path": "/"}})
+    assert len(restricted_violations(bad)) == 3  # runAsNonRoot and seccomp still come from the pod level
+    del bad["spec"]["securityContext"]
+    assert len(restricted_violations(bad)) == 5
+
+
+@pytest.mark.parametrize(
+    ("env", "config", "expected"),
+    [
+        ({"KERNEL_IMAGE": "docker.io/evil/miner:1"}, {}, "KERNEL_IMAGE 'docker.io/evil/miner:1' is not allowed"),
+        ({"KERNEL_SERVICE_ACCOUNT_NAME": "default"}, {}, "KubernetesLauncher.allowed_service_accounts"),
+        (
+            {"KERNEL_VOLUMES": '[{"name": "host", "hostPath": {"path": "/var/run"}}]'},
+            {},
+            "source type 'hostPath' is not allowed: KubernetesLauncher.allowed_volume_types",
+        ),
+        (
+            {"KERNEL_VOLUMES": '[{"name": "token", "secret": {"secretName": "gateway-token"}}]'},
+            {},
+            "source type 'secret' is not allowed",
+        ),
+        (
+            {"KERNEL_VOLUMES": '[{"name": "sa", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]'},
+            {},
+            "source type 'projected' is not allowed",
+        ),
+        (
+            {"KERNEL_VOLUMES": '[{"name": "two", "emptyDir": {}, "configMap": {"name": "x"}}]'},
+            {},
+            "has 2 volume sources",
+        ),
+        (
+            {
+                "KERNEL_VOLUMES": '[{"name": "d", "emptyDir": {}}]',
+                "KERNEL_VOLUME_MOUNTS": '[{"name": "d", "mountPath": "/d", "mountPropagation": "Bidirectional"}]',
+            },
+            {},
+            "field 'mountPropagation' is not allowed",
+        ),
+        (
+            {
+                "KERNEL_VOLUMES": '[{"name": "d", "emptyDir": {}}]',
+                "KERNEL_VOLUME_MOUNTS": '[{"name": "d", "mountPath": "/d", "subPath": "../../etc"}]',
+            },
+            {},
+            "subPath '../../etc' is not allowed",
+        ),
+        ({}, {"image": "registry.example.com/x:1"}, "process_proxy.config key 'image' is not one this launcher knows"),
+    ],
+)
+def test_requests_beyond_the_deployers_allowlists_are_refused_naming_field_and_rule(
+    env: dict[str, str], config: dict[str, Any], expected: str
+) -> None:
+    with pytest.raises(InvalidKernelRequest) as caught:
+        build(env, config)
+    assert expected in str(caught.value)
+    assert isinstance(caught.value, RequestRefused)  # the gateway answers 400
+
+
+def test_allowlisted_requests_and_the_deployers_own_choices_pass() -> None:
+    settings = dataclasses.replace(
+        SETTINGS,
+        allowed_service_accounts=("team-a-reader",),
+        allowed_volume_sources={"persistentVolumeClaim": ("claim-*",)},
+    )
+    env = {
+        "KERNEL_IMAGE": "ghcr.io/alice/kernel:2",  # matches ghcr.io/alice/*
+        "KERNEL_SERVICE_ACCOUNT_NAME": "team-a-reader",
+        "KERNEL_VOLUMES": '[{"name": "home", "persistentVolumeClaim": {"claimName": "claim-alice"}}]',
+        "KERNEL_VOLUME_MOUNTS": '[{"name": "home", "mountPath": "/home/jovyan", "subPath": "work"}]',
+    }
+    request = resolve_replica_request(spec(env), settings)
+    assert (request.image, request.service_account) == ("ghcr.io/alice/kernel:2", "team-a-reader")
+    with pytest.raises(InvalidKernelRequest, match=r"persistentVolumeClaim source 'claim-bob-data' is not allowed"):
+        resolve_replica_request(
+            spec({"KERNEL_VOLUMES": '[{"name": "h", "persistentVolumeClaim": {"claimName": "claim-bob-data"}}]'}),
+            dataclasses.replace(settings, allowed_volume_sources={"persistentVolumeClaim": ("claim-alice",)}),
+        )
+    # The kernelspec is the deployer's: its image, account and volumes need no allowlist.
+    trusted = {
+        "image_name": "registry.example.com/team/special:1",
+        "service_account_name": "special",
+        "volumes": [{"name": "host", "hostPath": {"path": "/data"}}],
+    }
+    request = resolve_replica_request(spec(config=trusted), SETTINGS)
+    assert (request.image, request.service_account) == ("registry.example.com/team/special:1", "special")
+    with pytest.raises(InvalidKernelRequest, match="KERNEL_UID 0"):
+        resolve_replica_request(spec({"KERNEL_UID": "0"}), dataclasses.replace(SETTINGS, prohibited_uids=()))
+
+
+def test_a_kernels_credentials_reach_its_pods_only_through_its_own_secret() -> None:
+    credentials = {"NOTEBOOKOS_ETCD_USER": "notebookos-kernel-k", "NOTEBOOKOS_ETCD_PASSWORD": "s3cret-pw"}
+    replica = dataclasses.replace(spec(), secret_env=credentials, env={**spec().env, **credentials})
+    request = resolve_replica_request(replica, SETTINGS)
+    pod = objects.make_replica_pod(replica, request, SETTINGS, name="p")
+    validate_strict(pod)
+    assert "s3cret-pw" not in json.dumps(pod)
+    env = env_of(pod)
+    secret_name = objects.kernel_secret_name(KERNEL)
+    for name in credentials:
+        assert env[name] == {"secretKeyRef": {"name": secret_name, "key": name}}
+    secret = objects.make_kernel_secret(replica, SETTINGS, NAMESPACE)
+    validate_strict(secret)
+    assert secret["metadata"]["name"] == secret_name and secret["stringData"] == credentials
+    assert secret["metadata"]["labels"]["kernel_id"] == KERNEL
+
+
+def test_pods_and_secrets_are_owned_by_the_releases_owner_object() -> None:
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "nbos-notebookos-kernel-owner", "uid": "u-1"}
+    settings = dataclasses.replace(SETTINGS, owners={NAMESPACE: owner})
+    replica = dataclasses.replace(spec(), secret_env={"NOTEBOOKOS_ETCD_PASSWORD": "x"})
+    pod = objects.make_replica_pod(replica, resolve_replica_request(replica, settings), settings, name="p")
+    placeholder = objects.make_placeholder_pod("p-1", objects.PlaceholderSettings(NAMESPACE, owner=owner))
+    secret = objects.make_kernel_secret(replica, settings, NAMESPACE)
+    for obj in (pod, placeholder, secret):
+        validate_strict(obj)
+        (reference,) = obj["metadata"]["ownerReferences"]
+        assert {k: reference[k] for k in owner} == owner
+    # Another namespace has its own owner (ownerReferences cannot cross namespaces): none known, none set.
+    assert "ownerReferences" not in objects.make_kernel_secret(replica, settings, "team-a")["metadata"]

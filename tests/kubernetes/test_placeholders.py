@@ -60,3 +60,20 @@ async def test_scale_out_is_capped_and_rejects_negative_targets(cluster: FakeClu
     assert len((await placeholders.scale_to(10)).created) == 2
     with pytest.raises(ValueError, match="0 or more"):
         await placeholders.scale_to(-1)
+
+
+async def test_placeholders_are_owned_by_the_release_so_uninstall_frees_their_nodes(cluster: FakeCluster) -> None:
+    owner = cluster.add_config_map(NAMESPACE, "nbos-notebookos-kernel-owner")
+    placeholders = PlaceholderPool(
+        namespace=NAMESPACE, core_api=cluster.core, owner_config_map="nbos-notebookos-kernel-owner"
+    )
+    await placeholders.scale_to(2)
+    for pod in cluster.pods("component=notebookos-placeholder"):
+        validate_strict(pod)
+        (reference,) = pod["metadata"]["ownerReferences"]
+        assert (reference["kind"], reference["name"], reference["uid"]) == (
+            "ConfigMap",
+            "nbos-notebookos-kernel-owner",
+            owner["metadata"]["uid"],
+        )
+        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True

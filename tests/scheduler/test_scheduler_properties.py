@@ -235,6 +235,34 @@ class SchedulerMachine(RuleBasedStateMachine):
         kernel_id = data.draw(st.sampled_from(sorted(self.s.model.kernels)))
         self.s.place_missing_replicas(kernel_id, self.tick())
 
+    @rule(probability=st.sampled_from([0.0, 0.9, 0.99]))
+    def size_ready_buffer_from_arrivals(self, probability: float) -> None:
+        """Switch between the fixed ready-host buffer and one sized from observed arrivals."""
+        self.s.ready_host_probability = probability
+        buffer = self.s.ready_buffer(self.now)
+        assert self.s.settings.ready_host_min <= buffer.hosts <= self.s.settings.ready_host_max
+
+    @rule()
+    def prepare_moves(self) -> None:
+        """Ahead-of-time moves right after cells took GPUs: only idle, stranded kernels, to hosts with room."""
+        queued = {c.kernel_id for c in self.s.queued_cells()}
+        before = {
+            k.kernel_id: (k.running is None and not k.moving and k.kernel_id not in queued, set(k.replicas.values()))
+            for k in self.s.model.kernels.values()
+        }
+        idle = {h.name: h.idle for h in self.s.model.hosts.values()}
+        plans = self.s.prepare_moves(self.tick())
+        assert len(plans) <= self.s.settings.max_prepare_migrations_per_round
+        counted: Counter[str] = Counter()
+        for plan in plans:
+            was_idle, hosts = before[plan.kernel_id]
+            gpus = self.s.model.kernels[plan.kernel_id].gpus
+            assert was_idle and plan.trigger == "prepare", plan
+            assert plan.target not in hosts and plan.source in hosts, plan
+            counted[plan.target] += gpus
+            assert idle[plan.target] >= gpus, f"{plan} moves to a host that cannot bind {gpus} GPUs"
+        self.dispatch()
+
     @rule(wait=st.floats(0, 20))
     def autoscale(self, wait: float) -> None:
         self.now += wait

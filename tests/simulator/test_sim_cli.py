@@ -18,7 +18,8 @@ def test_json_is_exactly_one_object_in_the_issue_schema(capsys):
     out = capsys.readouterr().out
     document = json.loads(out)
     assert out.count("\n") == 1
-    assert set(document) == {"window", "policies", "saved_gpu_hours_vs_reservation"}
+    assert set(document) == {"window", "model", "policies", "saved_gpu_hours_vs_reservation"}
+    assert document["model"]["culling"] == "production" and document["model"]["idle_timeout_min"] == 30
     assert set(document["window"]) == {"start_hour", "hours", "sessions", "tasks"}
     assert set(document["policies"]) == {"notebookos", "reservation", "batch"}
     for figures in document["policies"].values():
@@ -31,6 +32,9 @@ def test_json_is_exactly_one_object_in_the_issue_schema(capsys):
             "migrations",
             "scale_outs",
             "scale_ins",
+            "restores",
+            "late_by_cause",
+            "p99_tail_by_cause",
         }
         assert set(figures["delay_s"]) == {"p50", "p95", "p99", "max"}
     assert document["saved_gpu_hours_vs_reservation"]["reservation"] == 0.0
@@ -51,6 +55,8 @@ def test_window_of_a_trace_and_policy_subset(write_csv, capsys):
             "max-waste",
             "--idle-timeout-min",
             "0",
+            "--culling",
+            "keep-alive",
             "--json",
             "--no-progress",
         ]
@@ -82,6 +88,10 @@ def test_table_output_and_plots(tmp_path: Path, capsys):
         ([*SYNTHETIC, "--gpus-per-host", "0"], "--gpus-per-host must be >= 1"),
         ([*SYNTHETIC, "--start-hour", "max-waste"], "needs --window-hours"),
         ([*SYNTHETIC, "--restore-s", "-3"], "--restore-s must be >= 0"),
+        ([*SYNTHETIC, "--host-release-s", "-1"], "--host-release-s must be >= 0"),
+        ([*SYNTHETIC, "--restart-lead-min", "-1"], "--restart-lead-min must be >= 0"),
+        ([*SYNTHETIC, "--prewarm-quantile", "1.5"], "--prewarm-quantile must be between 0 and 1"),
+        ([*SYNTHETIC, "--prewarm-margin", "0.5"], "--prewarm-margin must be >= 1"),
     ],
 )
 def test_bad_input_gives_one_line_and_status_2(argv, message, capsys):
@@ -112,3 +122,19 @@ def test_the_parser_can_be_mounted_as_a_subcommand(capsys):
     args = parser.parse_args(["simulate", *SYNTHETIC, "--policies", "notebookos", "--json"])
     assert run(args) == 0
     assert list(json.loads(capsys.readouterr().out)["policies"]) == ["notebookos"]
+
+
+def test_the_production_culler_is_the_default_and_keep_alive_is_the_sensitivity_option(capsys):
+    documents = {}
+    for model in ("production", "keep-alive"):
+        assert main([*SYNTHETIC, "--culling", model, "--json"]) == 0
+        documents[model] = json.loads(capsys.readouterr().out)
+    production, keep_alive = documents["production"], documents["keep-alive"]
+    assert production["model"]["culling"] == "production" and production["model"]["kernel_restarts"] > 0
+    assert keep_alive["model"]["kernel_restarts"] == 0
+    # the culler frees the GPUs Reservation held through long gaps: its bill falls
+    reserved = {m: d["policies"]["reservation"]["provisioned_gpu_hours"] for m, d in documents.items()}
+    assert reserved["production"] < reserved["keep-alive"]
+    # a restarted NotebookOS kernel restores its state from the store (counted), unless pre-warmed before
+    assert production["policies"]["notebookos"]["restores"] > 0
+    assert keep_alive["policies"]["notebookos"]["restores"] == 0

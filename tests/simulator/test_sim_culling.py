@@ -1,4 +1,4 @@
-"""The idle-culling model of the life the trace does not show, and the waste window."""
+"""The idle-culling models of the life the trace does not show, and the waste window."""
 
 from __future__ import annotations
 
@@ -10,21 +10,37 @@ from jupyter_notebookos.simulator.windows import most_wasteful_window
 from jupyter_notebookos.simulator.workload import Session, Task, Workload, clip_to_window
 
 
-def test_timeout_widens_both_ends_and_lead_can_be_set(write_csv):
+def test_keep_alive_widens_both_ends_and_lead_can_be_set(write_csv):
     workload = read_job_csv(write_csv([(1, 100, 10), (1, 200, 10)]))
-    (s,) = apply_idle_culling(workload, 30 * 60).sessions
+    (s,) = apply_idle_culling(workload, 30 * 60, cull_gaps=False).sessions
     assert (s.start_s, s.end_s) == ((100 - 30) * 60, (210 + 30) * 60)
-    (s,) = apply_idle_culling(workload, 30 * 60, lead_s=0).sessions
+    (s,) = apply_idle_culling(workload, 30 * 60, lead_s=0, cull_gaps=False).sessions
     assert s.start_s == 100 * 60
-    (s,) = apply_idle_culling(workload, 0).sessions
+    (s,) = apply_idle_culling(workload, 0, cull_gaps=False).sessions
     assert (s.start_s, s.end_s) == (100 * 60, 210 * 60)
+    assert not s.resumed
 
 
-def test_cull_gaps_splits_at_gaps_longer_than_the_timeout(write_csv):
-    workload = read_job_csv(write_csv([(4, 0, 10), (4, 20, 10), (4, 200, 10)]))
-    sessions = apply_idle_culling(workload, 30 * 60, cull_gaps=True).sessions
-    assert [len(s.tasks) for s in sessions] == [2, 1]
-    assert sessions[0].end_s == 60 * 60 and sessions[1].start_s == 170 * 60
+def test_production_culler_ends_the_kernel_and_the_next_cell_starts_a_resumed_one(write_csv):
+    # gaps: 10 min (kept), 160 min (culled at 60), then 100 min (culled at 240)
+    workload = read_job_csv(write_csv([(4, 0, 10), (4, 20, 10), (4, 200, 10), (4, 340, 10)]))
+    first, second, third = apply_idle_culling(workload, 30 * 60).sessions
+    assert [len(s.tasks) for s in (first, second, third)] == [2, 1, 1]
+    assert (first.start_s, first.end_s) == (-30 * 60, 60 * 60) and not first.resumed
+    # the returning cell starts the new kernel itself (restart lead 0): the kernel was not there before it
+    assert second.resumed and second.start_s == 200 * 60 and second.end_s == 240 * 60
+    assert second.culled_at_s == 60 * 60 and second.return_gaps_s == ()
+    # the third kernel knows its session's own history: the first return came 140 minutes after the cull
+    assert third.culled_at_s == 240 * 60 and third.return_gaps_s == (140 * 60,)
+    assert len({first.session_id, second.session_id, third.session_id}) == 3
+
+
+def test_restart_lead_never_reaches_back_before_the_cull(write_csv):
+    workload = read_job_csv(write_csv([(1, 0, 10), (1, 100, 10)]))
+    _, resumed = apply_idle_culling(workload, 30 * 60, restart_lead_s=20 * 60).sessions
+    assert resumed.start_s == 80 * 60
+    _, resumed = apply_idle_culling(workload, 30 * 60, restart_lead_s=600 * 60).sessions
+    assert resumed.start_s == 40 * 60  # the previous kernel was culled at minute 40
 
 
 def test_given_lives_are_kept_and_bad_values_refused():
@@ -32,6 +48,8 @@ def test_given_lives_are_kept_and_bad_values_refused():
     assert apply_idle_culling(Workload("w", (s,)), 1800).sessions == (s,)
     with pytest.raises(ValueError):
         apply_idle_culling(Workload("w", (s,)), -1)
+    with pytest.raises(ValueError, match="restart lead"):
+        apply_idle_culling(Workload("w", (s,)), 1800, restart_lead_s=-1)
 
 
 def test_most_wasteful_window_finds_the_long_idle_reservation():

@@ -8,9 +8,9 @@ autoscaler's target into placeholder pods, which :class:`~.provisioner.Placehold
 
 from jupyter_notebookos.launchers.kubernetes.launcher import KubernetesLauncher
 from jupyter_notebookos.launchers.kubernetes.nodes import GpuNode, NodeEvent, NodeEventKind, NodeInventory
-from jupyter_notebookos.launchers.kubernetes.objects import InvalidKernelRequest
 from jupyter_notebookos.launchers.kubernetes.placeholders import PlaceholderPool, PlaceholderScaling
 from jupyter_notebookos.launchers.kubernetes.provisioner import PlaceholderProvisioner
+from jupyter_notebookos.launchers.kubernetes.validation import InvalidKernelRequest
 
 __all__ = [
     "GpuNode",

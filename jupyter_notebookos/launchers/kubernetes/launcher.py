@@ -13,188 +13,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
-import secrets
 import time
 from collections import OrderedDict
+from datetime import UTC, datetime
 from typing import Any
 
-from traitlets import Any as AnyTrait
-from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, default
-
 from jupyter_notebookos.launchers.base import (
-    Launcher,
     LaunchError,
     ReplicaHandle,
     ReplicaPhase,
     ReplicaSpec,
     ReplicaStatus,
 )
-from jupyter_notebookos.launchers.kubernetes import objects, status
+from jupyter_notebookos.launchers.kubernetes import objects, ownership, status
+from jupyter_notebookos.launchers.kubernetes.api import api_error, load_core_api
+from jupyter_notebookos.launchers.kubernetes.podconfig import PodConfig
 from jupyter_notebookos.launchers.kubernetes.reflector import Reflector, object_key
+from jupyter_notebookos.launchers.kubernetes.request import PodSettings, resolve_replica_request
 
-_SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 _EVENTS_KEPT_PER_POD = 20
 _GONE_KEPT = 2000
 
 
-def load_core_api() -> Any:
-    """A ``CoreV1Api`` from the in-cluster service account, else from ``~/.kube/config``."""
-    from kubernetes import client, config
-
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        try:
-            config.load_kube_config()
-        except (config.ConfigException, OSError) as err:
-            raise LaunchError(
-                f"no Kubernetes credentials: not running in a pod and no usable kubeconfig ({err}); run the "
-                "gateway in the cluster (helm chart) or point KUBECONFIG at a cluster"
-            ) from None
-    return client.CoreV1Api()
-
-
-def api_error(err: Exception, action: str, namespace: str) -> LaunchError:
-    """A kubernetes-client error as a :class:`LaunchError` that says what happened and what to do."""
-    code = getattr(err, "status", None)
-    message = str(err)
-    body = getattr(err, "body", None)
-    if body:
-        try:
-            message = json.loads(body).get("message") or message
-        except (ValueError, AttributeError, TypeError):
-            message = str(body)
-    hints = {
-        401: "the gateway's Kubernetes credentials were rejected; check its service account token",
-        403: f"the gateway's service account may not do this in namespace {namespace!r}; check the chart's "
-        "RBAC (Role notebookos-kernels) and KubernetesLauncher.namespace",
-        404: f"namespace {namespace!r} (or the object) does not exist; create it or fix KERNEL_NAMESPACE",
-        409: "an object with that name exists already; retry the launch",
-        422: "the API server rejected the pod; fix the kernelspec or KERNEL_* value it names",
-    }
-    hint = hints.get(code or 0, "check that the API server is reachable from the gateway")
-    return LaunchError(f"could not {action}: {message} (HTTP {code}); {hint}")
-
-
-class KubernetesLauncher(Launcher):
+class KubernetesLauncher(PodConfig):
     """Starts each replica as a pod on a GPU node, and follows the pods through one shared watch."""
-
-    namespace = Unicode(
-        config=True,
-        help="Namespace of replica pods (and placeholders). Default: NOTEBOOKOS_KERNEL_NAMESPACE, else the "
-        "gateway pod's own namespace, else 'default'. KERNEL_NAMESPACE may pick one of allowed_namespaces.",
-    )
-
-    @default("namespace")
-    def _namespace_default(self) -> str:
-        if os.environ.get("NOTEBOOKOS_KERNEL_NAMESPACE"):
-            return os.environ["NOTEBOOKOS_KERNEL_NAMESPACE"]
-        try:
-            with open(_SERVICE_ACCOUNT_NAMESPACE) as handle:
-                return handle.read().strip() or "default"
-        except OSError:
-            return "default"
-
-    allowed_namespaces = List(
-        Unicode(), config=True, help="Further namespaces a kernel may ask for with KERNEL_NAMESPACE."
-    )
-    image = Unicode(
-        config=True,
-        help="Default replica image, when neither the kernelspec (image_name) nor KERNEL_IMAGE gives one. "
-        "Env: NOTEBOOKOS_KERNEL_IMAGE.",
-    )
-
-    @default("image")
-    def _image_default(self) -> str:
-        return os.environ.get("NOTEBOOKOS_KERNEL_IMAGE", os.environ.get("EG_KERNEL_IMAGE", ""))
-
-    service_account = Unicode(
-        "", config=True, help="Service account of replica pods (KERNEL_SERVICE_ACCOUNT_NAME overrides)."
-    )
-    runtime_class_name = Unicode(
-        "nvidia",
-        config=True,
-        help="RuntimeClass giving replicas the NVIDIA container runtime (pods request no nvidia.com/gpu: "
-        "GPUs are bound per cell). Empty: the node's default runtime.",
-    )
-    gpu_node_selector = Dict(
-        {"nvidia.com/gpu.present": "true"},
-        config=True,
-        help="Node selector of GPU nodes (the label GPU feature discovery / the GPU operator sets).",
-    )
-    gpu_tolerations = List(
-        Dict(),
-        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        config=True,
-        help="Tolerations that let replica pods onto tainted GPU nodes.",
-    )
-    image_pull_policy = Enum(["Always", "IfNotPresent", "Never"], "IfNotPresent", config=True, help="imagePullPolicy.")
-    image_pull_secrets = List(Unicode(), config=True, help="Names of image pull secrets for replica pods.")
-    priority_class_name = Unicode("", config=True, help="PriorityClass of replica pods (empty: cluster default).")
-    etcd_endpoints = Unicode(
-        config=True, help="etcd endpoints the replicas use (comma-separated). Env: NOTEBOOKOS_ETCD_ENDPOINTS."
-    )
-
-    @default("etcd_endpoints")
-    def _etcd_endpoints_default(self) -> str:
-        return os.environ.get("NOTEBOOKOS_ETCD_ENDPOINTS", "")
-
-    etcd_tls_secret = Unicode(
-        "",
-        config=True,
-        help="Secret with ca.crt, tls.crt, tls.key for etcd client TLS, mounted into replicas.",
-    )
-    object_store_url = Unicode(config=True, help="Object store URL for replicas. Env: NOTEBOOKOS_OBJECT_STORE_URL.")
-
-    @default("object_store_url")
-    def _object_store_url_default(self) -> str:
-        return os.environ.get("NOTEBOOKOS_OBJECT_STORE_URL", "")
-
-    object_store_claim = Unicode("", config=True, help="RWX PersistentVolumeClaim holding a file:// object store.")
-    object_store_mount_path = Unicode(
-        "/mnt/notebookos-store", config=True, help="Where object_store_claim is mounted in replicas."
-    )
-    object_store_secret = Unicode(
-        "", config=True, help="Secret whose keys become env vars of replicas (e.g. AWS_ACCESS_KEY_ID for S3)."
-    )
-    termination_grace_period = Integer(30, config=True, help="Seconds a replica gets to stop after SIGTERM.")
-    launch_timeout = Float(
-        300.0,
-        config=True,
-        help="Seconds a replica pod may take to run (scheduling + image pull); KERNEL_LAUNCH_TIMEOUT overrides.",
-    )
-    pin_to_host = Bool(
-        True,
-        config=True,
-        help="Pin each pod to the node the NotebookOS scheduler chose (spec.host); False lets Kubernetes "
-        "place it among GPU nodes, still one replica per node.",
-    )
-    real_gpus = Bool(
-        True,
-        config=True,
-        help="The nodes' GPUs are real (exposed by the NVIDIA runtime): replicas bind them per cell with "
-        "CUDA_VISIBLE_DEVICES. False where nodes only advertise nvidia.com/gpu (a fake device plugin).",
-    )
-    wait_until_running = Bool(
-        True,
-        config=True,
-        help="start_replica returns only once the pod runs, and fails fast with the blocking reason "
-        "(Unschedulable, ErrImagePull...), which fails the kernel start at once. False: it returns once the "
-        "pod is created and a blocked pod is deleted in the background and reported FAILED with its reason "
-        "by status(); the platform then fails the start only when its launch timeout ends.",
-    )
-    instance = Unicode("notebookos", config=True, help="app.kubernetes.io/instance label (the helm release).")
-    extra_labels = Dict(config=True, help="Extra labels of replica pods.")
-    extra_annotations = Dict(config=True, help="Extra annotations of replica pods.")
-    prohibited_uids = List(Integer(), [0], config=True, help="KERNEL_UID values refused (EG's EG_PROHIBITED_UIDS).")
-    prohibited_gids = List(Integer(), [0], config=True, help="KERNEL_GID values refused (EG's EG_PROHIBITED_GIDS).")
-    watch_timeout = Integer(300, config=True, help="Seconds before the shared watch is renewed.")
-    cache_sync_timeout = Float(30.0, config=True, help="Seconds to wait for the first listing of pods.")
-
-    core_api = AnyTrait(None, allow_none=True, help="A kubernetes CoreV1Api (tests pass a fake).")
-    watch_factory = AnyTrait(None, allow_none=True, help="Makes kubernetes.watch.Watch objects (tests: fake).")
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -207,52 +49,24 @@ class KubernetesLauncher(Launcher):
         self._starting: dict[str, asyncio.Task[None]] = {}
         self._failures: OrderedDict[str, str] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
-
-    # --- settings -------------------------------------------------------------------------------------------
-
-    def pod_settings(self) -> objects.PodSettings:
-        """The traitlets as the pure builders' settings."""
-        return objects.PodSettings(
-            namespace=self.namespace,
-            image=self.image,
-            service_account=self.service_account,
-            runtime_class_name=self.runtime_class_name,
-            node_selector=dict(self.gpu_node_selector),
-            tolerations=tuple(self.gpu_tolerations),
-            image_pull_policy=self.image_pull_policy,
-            image_pull_secrets=tuple(self.image_pull_secrets),
-            priority_class_name=self.priority_class_name,
-            etcd_endpoints=self.etcd_endpoints,
-            etcd_tls_secret=self.etcd_tls_secret,
-            object_store_url=self.object_store_url,
-            object_store_claim=self.object_store_claim,
-            object_store_mount_path=self.object_store_mount_path,
-            object_store_secret=self.object_store_secret,
-            termination_grace_period=self.termination_grace_period,
-            allowed_namespaces=tuple(self.allowed_namespaces),
-            prohibited_uids=tuple(self.prohibited_uids),
-            prohibited_gids=tuple(self.prohibited_gids),
-            instance=self.instance,
-            extra_labels=dict(self.extra_labels),
-            extra_annotations=dict(self.extra_annotations),
-            launch_timeout=self.launch_timeout,
-            real_gpus=self.real_gpus,
-        )
-
-    def build_pod(self, spec: ReplicaSpec, *, suffix: str | None = None) -> dict[str, Any]:
-        """Validate ``spec`` and build its pod (no API call); raises ``InvalidKernelRequest`` on bad input."""
-        settings = self.pod_settings()
-        request = objects.resolve_replica_request(spec, settings)
-        name = objects.replica_pod_name(spec.kernel_id, spec.replica_id, suffix or secrets.token_hex(3))
-        node = spec.host if self.pin_to_host and spec.host else None
-        return objects.make_replica_pod(spec, request, settings, name=name, node=node)
+        # Kernels this gateway runs (started or re-attached since it started); others' objects are orphans.
+        self._known_kernels: set[str] = set()
+        # Per (namespace, kernel): the creation of its credentials Secret (its replicas start concurrently).
+        self._secrets: dict[tuple[str, str], asyncio.Future[None]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self._started: asyncio.Future[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     # --- the shared watch -----------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the shared watches and wait for the first listing (idempotent)."""
-        if self._pods:
-            return
+        """Start the shared watches, wait for the first listing and find the owner objects (idempotent; concurrent
+        callers wait for the same start)."""
+        if self._started is None or (self._started.done() and self._started.exception() is not None):
+            self._started = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._started)
+
+    async def _start(self) -> None:
         self._loop = asyncio.get_running_loop()
         if self.core_api is None:
             self.core_api = await asyncio.to_thread(load_core_api)
@@ -288,9 +102,47 @@ class KubernetesLauncher(Launcher):
                     f"could not list replica pods in namespace {reflector.list_kwargs['namespace']!r} within "
                     f"{self.cache_sync_timeout:.0f}s ({reflector.error}); check the API server and RBAC"
                 )
+        if self.owner_config_map:
+            for namespace in self._pods:
+                owner = await ownership.read_owner(core, self.owner_config_map, namespace)
+                if owner is None:
+                    self.log.warning(
+                        "owner ConfigMap %s/%s does not exist: replica pods there get no ownerReferences, so "
+                        "uninstalling the release will not delete them",
+                        namespace,
+                        self.owner_config_map,
+                    )
+                else:
+                    self.owners[namespace] = owner
+        if self.etcd_ca_file and not self.etcd_tls_secret:
+            await self._write_etcd_ca(core)
+        if self.orphan_sweep_interval > 0:
+            self._sweeper = asyncio.ensure_future(self._sweep_loop())
+
+    async def _write_etcd_ca(self, core: Any) -> None:
+        """Copy etcd's CA into each kernel namespace, for replicas to verify etcd's certificates."""
+        try:
+            with open(self.etcd_ca_file) as handle:
+                ca_pem = handle.read()
+        except OSError as err:
+            raise LaunchError(
+                f"cannot read etcd's CA certificate {self.etcd_ca_file!r} ({err}); mount it in the gateway or fix "
+                "KubernetesLauncher.etcd_ca_file (NOTEBOOKOS_ETCD_CA_CERT)"
+            ) from None
+        settings = self.pod_settings()
+        for namespace in self._pods:
+            secret = objects.make_etcd_ca_secret(self.etcd_ca_secret_name(), namespace, ca_pem, settings)
+            await ownership.apply_secret(core, secret)
+        self.etcd_ca_secret = self.etcd_ca_secret_name()
 
     async def stop(self) -> None:
         """Stop the watches (pods keep running: replicas outlive the gateway)."""
+        self._started = None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
         for task in self._starting.values():
             task.cancel()
         self._starting.clear()
@@ -353,12 +205,15 @@ class KubernetesLauncher(Launcher):
         With ``wait_until_running`` (the default) the call itself waits and raises :class:`LaunchError` with
         the reason; without, it returns once the pod exists and the reason comes through :meth:`status`.
         """
+        timeout = resolve_replica_request(spec, self.pod_settings()).launch_timeout  # bad values: no API call
+        await self.start()  # finds the owner objects the pod refers to
         pod = self.build_pod(spec)
         settings = self.pod_settings()
-        timeout = objects.resolve_replica_request(spec, settings).launch_timeout
         namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         key = f"{namespace}/{name}"
-        await self.start()
+        self._known_kernels.add(spec.kernel_id)
+        if objects.kernel_secret_values(spec):
+            await self._ensure_secret(spec, settings, namespace)
         self._wakeups[key] = asyncio.Event()
         create = asyncio.ensure_future(asyncio.to_thread(self.core_api.create_namespaced_pod, namespace, pod))
         try:
@@ -485,6 +340,7 @@ class KubernetesLauncher(Launcher):
     async def find_replicas(self, kernel_id: str) -> list[ReplicaHandle]:
         """The kernel's replica pods that still run or may still start (re-attach after a gateway restart)."""
         await self.start()
+        self._known_kernels.add(kernel_id)
         return sorted(
             (h for h in self._live_handles() if h.kernel_id == kernel_id),
             key=lambda h: (h.replica_id, h.pod or ""),
@@ -522,3 +378,69 @@ class KubernetesLauncher(Launcher):
         """The live replicas on one node: what a lost or drained node takes with it."""
         await self.start()
         return [h for h in self._live_handles() if h.host == host]
+
+    # --- a kernel's Secret, and orphans -----------------------------------------------------------------------
+
+    async def _ensure_secret(self, spec: ReplicaSpec, settings: PodSettings, namespace: str) -> None:
+        """Create the kernel's credentials Secret once (its replicas start concurrently and share it)."""
+        key = (namespace, spec.kernel_id)
+        creating = self._secrets.get(key)
+        if creating is None or (creating.done() and creating.exception() is not None):
+            secret = objects.make_kernel_secret(spec, settings, namespace)
+            creating = self._secrets[key] = asyncio.ensure_future(ownership.apply_secret(self.core_api, secret))
+        await asyncio.shield(creating)
+
+    def forget_kernel(self, kernel_id: str) -> None:
+        """The kernel is gone (the platform stopped it): delete its credentials Secret in the background."""
+        self._known_kernels.discard(kernel_id)
+        for namespace, kernel in [k for k in self._secrets if k[1] == kernel_id]:
+            self._secrets.pop((namespace, kernel), None)
+        if self.core_api is None:
+            return
+        for namespace in dict.fromkeys([self.namespace, *self.allowed_namespaces]):
+            task = asyncio.ensure_future(self._delete_secret(kernel_id, namespace))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _delete_secret(self, kernel_id: str, namespace: str) -> None:
+        try:
+            await ownership.delete_secret(self.core_api, objects.kernel_secret_name(kernel_id), namespace)
+        except LaunchError as err:
+            self.log.warning("kernel %s: %s (the orphan sweep retries)", kernel_id, err)
+
+    async def sweep_orphans(self) -> list[ownership.Orphan]:
+        """Delete the replica pods and credentials Secrets of kernels this gateway does not run, once they are
+        older than ``orphan_grace``; returns what was deleted."""
+        await self.start()
+        found: list[tuple[str, dict[str, Any]]] = []
+        for namespace, reflector in self._pods.items():
+            found.extend(("Pod", pod) for pod in reflector.snapshot())
+            found.extend(("Secret", s) for s in await ownership.list_secrets(self.core_api, namespace))
+        now = datetime.now(UTC)
+        orphans = ownership.find_orphans(found, self._known_kernels, now=now, grace=self.orphan_grace)
+        deleted = []
+        for orphan in orphans:
+            try:
+                if orphan.kind == "Pod":
+                    await self._delete(f"{orphan.namespace}/{orphan.name}", now=True)
+                else:
+                    await ownership.delete_secret(self.core_api, orphan.name, orphan.namespace)
+            except LaunchError as err:
+                self.log.warning("orphan sweep: could not delete %s: %s", orphan, err)
+                continue
+            deleted.append(orphan)
+        if deleted:
+            self.log.warning(
+                "orphan sweep: deleted %d object(s) of kernels this gateway does not run: %s",
+                len(deleted),
+                ", ".join(map(str, deleted)),
+            )
+        return deleted
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.orphan_sweep_interval)
+            try:
+                await self.sweep_orphans()
+            except Exception:
+                self.log.exception("orphan sweep failed; retrying in %.0fs", self.orphan_sweep_interval)

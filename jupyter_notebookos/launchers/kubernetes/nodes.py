@@ -185,7 +185,7 @@ class NodeInventory(LoggingConfigurable):
             return
         self._loop = asyncio.get_running_loop()
         if self.core_api is None:
-            from jupyter_notebookos.launchers.kubernetes.launcher import load_core_api
+            from jupyter_notebookos.launchers.kubernetes.api import load_core_api
 
             self.core_api = await asyncio.to_thread(load_core_api)
         core: Any = self.core_api

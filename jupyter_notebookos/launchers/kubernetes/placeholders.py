@@ -20,8 +20,8 @@ from traitlets import Dict, Integer, List, Unicode
 from traitlets.config import LoggingConfigurable
 
 from jupyter_notebookos.launchers.base import LaunchError
-from jupyter_notebookos.launchers.kubernetes import objects
-from jupyter_notebookos.launchers.kubernetes.launcher import api_error, load_core_api
+from jupyter_notebookos.launchers.kubernetes import objects, ownership
+from jupyter_notebookos.launchers.kubernetes.api import api_error, load_core_api
 from jupyter_notebookos.launchers.kubernetes.reflector import to_dict
 
 
@@ -87,13 +87,22 @@ class PlaceholderPool(LoggingConfigurable):
     )
     instance = Unicode("notebookos", config=True, help="app.kubernetes.io/instance label (the helm release).")
     max_placeholders = Integer(64, config=True, help="Upper bound of placeholders, whatever the target says.")
+    owner_config_map = Unicode(
+        "",
+        config=True,
+        help="Name of the ConfigMap in the namespace that owns placeholder pods (the chart creates it), so "
+        "uninstalling the release deletes them and frees their GPU nodes. Empty: no ownerReferences.",
+    )
 
     core_api = AnyTrait(None, allow_none=True, help="A kubernetes CoreV1Api (tests pass a fake).")
     scheduling_api = AnyTrait(None, allow_none=True, help="A kubernetes SchedulingV1Api (tests pass a fake).")
 
+    _owner: dict[str, str] | None = None
+
     def settings(self) -> objects.PlaceholderSettings:
         """The traitlets as the pure builder's settings."""
         return objects.PlaceholderSettings(
+            owner=dict(self._owner or {}),
             namespace=self.namespace,
             gpus_per_node=self.gpus_per_node,
             priority_class_name=self.priority_class_name,
@@ -168,6 +177,14 @@ class PlaceholderPool(LoggingConfigurable):
         deleted: list[str] = []
         errors: list[str] = []
         if len(current) < target:
+            if self.owner_config_map and self._owner is None:
+                self._owner = await ownership.read_owner(core, self.owner_config_map, self.namespace)
+                if self._owner is None:
+                    self.log.warning(
+                        "owner ConfigMap %s/%s does not exist: placeholders get no ownerReferences",
+                        self.namespace,
+                        self.owner_config_map,
+                    )
             settings = self.settings()
             for _ in range(target - len(current)):
                 name = f"notebookos-placeholder-{secrets.token_hex(3)}"
