@@ -518,6 +518,9 @@ class GatewayPlatform:
         await asyncio.gather(
             *(self.launcher.stop_replica(h, now=now) for h in handles.values()), return_exceptions=True
         )
+        await record.router.answer_running_cell(
+            "the kernel was shut down or restarted while this cell ran; it did not finish"
+        )
         await record.router.close()
         for key in [k for k in self._waiting if k[0] == kernel_id]:
             future = self._waiting.pop(key)

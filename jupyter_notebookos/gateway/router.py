@@ -784,6 +784,18 @@ class ReplicaRouter:
         if not cell.done.done():
             cell.done.set_result(None)
 
+    async def answer_running_cell(self, why: str) -> None:
+        """Answer the running cell with an error if its executor has not (the kernel is stopped under it, e.g.
+        by a restart), and wait until the answer is sent: every execute_request gets its reply."""
+        cell = self.running
+        if cell is None or cell.done.done():
+            return
+        before = set(self._tasks)
+        self._error_reply(cell, "KernelStopped", why)
+        sends = [t for t in self._tasks if t not in before]
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*sends), 2)
+
     @staticmethod
     async def _send_all(sock: zmq.asyncio.Socket, messages: list[list[bytes]]) -> None:
         for frames in messages:
