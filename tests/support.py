@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -10,9 +12,11 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
+from jupyter_notebookos.coordination.client import Coordinator
+from jupyter_notebookos.embedded.platform import RUNTIME_FILE
 from jupyter_notebookos.embedded.runner import NOTEBOOKOS, PlatformProcess, free_port, processes_of
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,6 +27,7 @@ __all__ = [
     "NOTEBOOKOS",
     "REPO",
     "Platform",
+    "etcd_admin",
     "free_port",
     "gpus_held_on",
     "jupyter_server",
@@ -99,6 +104,22 @@ def gpus_held_on(client: GatewayClient, hosts: set[str], kernel_name: str, secon
         for kernel_id in started:
             with contextlib.suppress(GatewayError):
                 client.shutdown_kernel(kernel_id)
+
+
+def etcd_admin(platform: Platform, *writes: tuple[str, str], read: str | None = None) -> Any:
+    """Put ``writes`` (key below the prefix, raw value) as etcd's admin; return the values under ``read``."""
+    endpoints = json.loads((platform.state_dir / RUNTIME_FILE).read_text())["etcd_endpoints"]
+
+    async def run() -> Any:
+        co = await Coordinator.connect(endpoints, credentials=platform.etcd_root())
+        try:
+            for key, value in writes:
+                await co.put(f"/notebookos{key}", value)
+            return {kv.key: kv.text for kv in await co.get_prefix(f"/notebookos{read}")} if read else None
+        finally:
+            await co.close()
+
+    return asyncio.run(run())
 
 
 @contextlib.contextmanager

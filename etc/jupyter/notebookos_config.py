@@ -22,6 +22,8 @@ c = get_config()  # noqa: F821 - provided by traitlets when the file is loaded
 # c.NotebookOSGatewayApp.etcd_endpoints = ["127.0.0.1:2379"]   # or NOTEBOOKOS_ETCD_ENDPOINTS=a:1,b:2
 # c.NotebookOSGatewayApp.etcd_prefix = "/notebookos"
 # c.NotebookOSGatewayApp.etcd_timeout = 5                      # seconds before an etcd call fails clearly
+# c.NotebookOSGatewayApp.replica_rejoin_grace = 10.0            # seconds a live replica dropped by etcd may re-register
+# c.NotebookOSGatewayApp.ledger_reconcile_interval = 10.0       # seconds between GPU-ledger reconciliations
 
 # --- Embedded mode: simulated hosts on this machine ----------------------------------------------------------
 # c.NotebookOSGatewayApp.simulated_hosts = 4

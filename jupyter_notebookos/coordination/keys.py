@@ -20,6 +20,8 @@ Key (below the prefix)             Value (writer)                               
 ``/kernels/{kid}/checkpoint``      latest checkpoint pointer + log seq it covers      --
 ``/gpus/{host}/{device}``          GPU ledger entry: kernel, replica, msg_id of the   executor lease
                                    cell holding the device (router)
+``/quarantine/{key}``              a malformed value moved out of ``{key}`` (below    --
+                                   the prefix), with why and when (gateway)
 =================================  =================================================  ============
 
 Note: ``/kernels/{kernel_id}`` and its sub-keys share the ``/kernels/`` prefix; list sessions with
@@ -126,6 +128,11 @@ class KeyLayout:
 
     def gpu(self, host: str, device: int | str) -> str:
         return f"{self.host_gpus_prefix(host)}{_segment(str(device), 'GPU device')}"
+
+    # -- malformed values -----------------------------------------------------------------------------
+    def quarantine(self, key: str) -> str:
+        """Where a malformed value of ``key`` (a full key) is kept for an operator to look at."""
+        return f"{self.prefix}/quarantine{self.relative(key)}"
 
     # -- parsing ------------------------------------------------------------------------------------
     def relative(self, key: str) -> str:

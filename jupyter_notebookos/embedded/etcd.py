@@ -52,6 +52,13 @@ ETCD_BINARY_ENV = "NOTEBOOKOS_ETCD_BINARY"
 _LOOPBACK = "127.0.0.1"
 
 
+#: How much history the embedded etcd keeps before compacting it (etcd's duration syntax).
+AUTO_COMPACTION_RETENTION = "10m"
+#: The embedded etcd's database quota: NotebookOS keeps only metadata there (state deltas live in the object
+#: store once they are large, and the log is checkpointed), so 2 GiB is far above what it needs.
+QUOTA_BACKEND_BYTES = 2 << 30
+
+
 class EtcdClusterError(RuntimeError):
     """The local etcd cluster could not be started or stopped."""
 
@@ -482,6 +489,12 @@ class EtcdCluster:
             # Auth passwords are random 256-bit secrets (see coordination.auth): bcrypt's cost adds no strength,
             # and every change of users (a kernel started or stopped) makes every client log in again.
             "--bcrypt-cost", "4",
+            # Bounded growth: history older than AUTO_COMPACTION_RETENTION is compacted away (watches resume within
+            # it: replicas ride out etcd outages far shorter), and writes fail clearly at the quota instead of
+            # filling the disk.
+            "--auto-compaction-mode", "periodic",
+            "--auto-compaction-retention", AUTO_COMPACTION_RETENTION,
+            "--quota-backend-bytes", str(QUOTA_BACKEND_BYTES),
             "--logger", "zap",
             "--log-outputs", "stderr",
         ]  # fmt: skip

@@ -32,6 +32,8 @@ from jupyter_notebookos.gateway.handlers import notebookos_handlers
 from jupyter_notebookos.gateway.identity import Identities, IdentityConfig, IdentityConfigError
 from jupyter_notebookos.gateway.ownership import with_identity
 from jupyter_notebookos.gateway.platform import GatewayPlatform
+from jupyter_notebookos.gateway.reconcile import DEFAULT_RECONCILE_INTERVAL
+from jupyter_notebookos.gateway.rejoin import DEFAULT_REJOIN_GRACE
 from jupyter_notebookos.launchers.local import LocalLauncher
 from jupyter_notebookos.launchers.provisioning import SimulatedHostProvisioner
 from jupyter_notebookos.replication import protocol
@@ -174,6 +176,20 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
 
     etcd_timeout = Integer(5, config=True, help="Seconds an etcd call may take before it fails with a clear error.")
 
+    replica_rejoin_grace = Float(
+        DEFAULT_REJOIN_GRACE,
+        config=True,
+        help="Seconds a replica whose etcd lease ended while its process lives (an etcd outage longer than the "
+        "lease) may take to register again, keeping its memory, before it is replaced. 0: replace at once.",
+    )
+
+    ledger_reconcile_interval = Float(
+        DEFAULT_RECONCILE_INTERVAL,
+        config=True,
+        help="Seconds between two reconciliations of the GPU ledger in etcd with the scheduler: an entry or "
+        "cell no router holds is removed after two rounds. 0: off.",
+    )
+
     simulated_hosts = Integer(
         4,
         config=True,
@@ -288,6 +304,8 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
             log=self.log,
         )
         self.platform.etcd_tls = self.etcd_tls()
+        self.platform.rejoin_grace = self.replica_rejoin_grace
+        self.platform.reconcile_interval = self.ledger_reconcile_interval
 
     def _init_kubernetes(self, scheduler: Scheduler) -> None:
         """Replica pods, GPU nodes as hosts, placeholder pods for scaling (the helm chart's deployment)."""
@@ -318,6 +336,8 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
             log=self.log,
         )
         self.platform.etcd_tls = self.etcd_tls()
+        self.platform.rejoin_grace = self.replica_rejoin_grace
+        self.platform.reconcile_interval = self.ledger_reconcile_interval
         self.node_hosts = NodeHosts(self.platform, inventory, placeholders)
 
     async def start_platform(self) -> None:

@@ -10,7 +10,9 @@ A deferred entry never blocks a decision: a decision that takes a GPU whose rele
 compares the entry's revision (absent, or still the entry this gateway wrote) instead of its absence, and
 overwrites it. Deletes are conditional on the same revision, so an entry written by anyone else is never
 removed. Every entry is bound to its executor's lease, so nothing outlives a crashed gateway for longer
-than that lease, and a re-attaching gateway deletes the entries of cells that had finished.
+than that lease, and a re-attaching gateway deletes the entries of cells that had finished. A release etcd refuses
+stays pending and is retried, backing off while etcd is away; :mod:`jupyter_notebookos.gateway.reconcile` deletes
+whatever is left over by anything else.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ log = logging.getLogger(__name__)
 RELEASE_DELAY_S = 0.1
 #: Most deletes folded into one transaction (etcd refuses transactions of more than 128 operations).
 MAX_DELETES_PER_TXN = 64
+#: Longest wait between two attempts to release entries while etcd refuses (doubling from ``delay``).
+MAX_RETRY_DELAY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class LedgerReleases:
         self._flushing: dict[str, int] = {}  # taken by a flush in flight
         self._timer: asyncio.TimerHandle | None = None
         self._flush_task: asyncio.Task[None] | None = None
+        self._retry_delay = 0.0  # seconds before the next background flush after a failed one (0: none failed)
 
     @property
     def pending(self) -> int:
@@ -93,20 +98,32 @@ class LedgerReleases:
             self._pending.setdefault(key, revision)
         self._schedule()
 
+    def holds(self, key: str) -> bool:
+        """Whether ``key``'s release is pending here (the reconciler leaves it to this class)."""
+        return key in self._pending or key in self._flushing
+
     async def flush(self) -> None:
-        """Delete every pending entry now (also waits for a flush in flight)."""
+        """Delete every pending entry now (also waits for a flush in flight).
+
+        Raises:
+            CoordinationError: etcd refused; the entries stay pending and are retried in the background.
+        """
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self._flush_task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._flush_task)
-        while self._pending:
-            await self._flush_some()
+        try:
+            while self._pending:
+                await self._flush_batch()
+        except CoordinationError:
+            self._schedule()  # the background retries take over
+            raise
 
     def _schedule(self) -> None:
         if self._timer is None and self._pending:
-            self._timer = asyncio.get_running_loop().call_later(self.delay, self._start_flush)
+            self._timer = asyncio.get_running_loop().call_later(self._retry_delay or self.delay, self._start_flush)
 
     def _start_flush(self) -> None:
         self._timer = None
@@ -117,6 +134,21 @@ class LedgerReleases:
             self._schedule()
 
     async def _flush_some(self) -> None:
+        """A background flush: a failure is logged and retried later, backing off while etcd is away."""
+        try:
+            await self._flush_batch()
+        except CoordinationError as err:
+            self._retry_delay = min(max(2 * self._retry_delay, self.delay), MAX_RETRY_DELAY_S)
+            log.warning(
+                "releasing GPU-ledger entries in etcd failed (%d pending, retrying in %.1f s): %s",
+                len(self._pending),
+                self._retry_delay,
+                err,
+            )
+        else:
+            self._retry_delay = 0.0
+
+    async def _flush_batch(self) -> None:
         batch: dict[str, int] = {}
         for key in list(self._pending)[:MAX_DELETES_PER_TXN]:
             batch[key] = self._pending.pop(key)
@@ -125,9 +157,10 @@ class LedgerReleases:
         self._flushing = batch
         try:
             await self._delete_unchanged(batch)
-        except CoordinationError as err:
-            # The entries are bound to their executors' leases: they cannot outlive them.
-            log.warning("releasing %d GPU-ledger entries in etcd failed: %s", len(batch), err)
+        except CoordinationError:
+            for key, revision in batch.items():  # pending again: a failed release is retried, never dropped
+                self._pending.setdefault(key, revision)
+            raise
         finally:
             self._flushing = {}
 

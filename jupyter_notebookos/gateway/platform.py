@@ -18,11 +18,14 @@ from typing import Any, ClassVar
 
 from jupyter_notebookos.coordination.client import Coordinator, EtcdCredentials, EtcdTls
 from jupyter_notebookos.coordination.errors import CoordinationError
+from jupyter_notebookos.coordination.quarantine import quarantine
 from jupyter_notebookos.gateway.access import KernelAccess, KernelAccessManager, ensure_etcd_auth, replica_env
 from jupyter_notebookos.gateway.autoscaler import Autoscaler
 from jupyter_notebookos.gateway.ledger import LedgerReleases
 from jupyter_notebookos.gateway.metrics import PlatformMetrics
 from jupyter_notebookos.gateway.migration import MigrationRunner
+from jupyter_notebookos.gateway.reconcile import DEFAULT_RECONCILE_INTERVAL, LedgerReconciler
+from jupyter_notebookos.gateway.rejoin import DEFAULT_REJOIN_GRACE, await_rejoin
 from jupyter_notebookos.gateway.router import (
     CellGrant,
     CellRejected,
@@ -30,11 +33,12 @@ from jupyter_notebookos.gateway.router import (
     ReplicaRouter,
     RouterSettings,
 )
+from jupyter_notebookos.gateway.sessions import parse_session
 from jupyter_notebookos.gpu.discovery import GpuDevice, host_devices, nvml_devices
 from jupyter_notebookos.launchers.base import Launcher, LaunchError, ReplicaHandle, ReplicaPhase, ReplicaSpec
 from jupyter_notebookos.launchers.provisioning import HostProvisioner
 from jupyter_notebookos.replication import protocol
-from jupyter_notebookos.replication.protocol import ReplicaRegistration
+from jupyter_notebookos.replication.protocol import MalformedRecord, ReplicaRegistration
 from jupyter_notebookos.scheduler import (
     CellFinished,
     Decision,
@@ -153,6 +157,11 @@ class GatewayPlatform:
         self.launcher = launcher
         self.router_settings = router_settings or RouterSettings(etcd_timeout=etcd_timeout)
         self.replica_lease_ttl = replica_lease_ttl
+        # Seconds a live replica whose etcd lease ended may take to register again (the app sets it).
+        self.rejoin_grace = DEFAULT_REJOIN_GRACE
+        # Seconds between two reconciliations of the GPU ledger with the scheduler (the app sets it; 0: off).
+        self.reconcile_interval = DEFAULT_RECONCILE_INTERVAL
+        self.reconciler: LedgerReconciler | None = None
         self.log = log
         self.metrics = PlatformMetrics()
         real = nvml_devices()
@@ -179,6 +188,8 @@ class GatewayPlatform:
         # start that arrives meanwhile waits for it instead of failing.
         self.ready = asyncio.Event()
         self._waiting: dict[tuple[str, str], asyncio.Future[RunCell | MigrateThenRun]] = {}
+        # Kernels being stopped: a restart (EG stops, then starts the same id) waits for the stop to finish.
+        self._stopping: dict[str, asyncio.Future[None]] = {}
         self._monitor: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.migrations = MigrationRunner(self)
@@ -239,6 +250,8 @@ class GatewayPlatform:
         if warm is not None:
             warm()
         self._monitor = asyncio.ensure_future(self._monitor_replicas())
+        self.reconciler = LedgerReconciler(self, self.reconcile_interval)
+        self.reconciler.start()
         if self.autoscaler is not None:
             self.autoscaler.start()
         self.ready.set()
@@ -262,12 +275,20 @@ class GatewayPlatform:
         ]
         adopted = []
         for kv in sessions:
-            session = json.loads(kv.value)
-            kernel_id = session["kernel_id"]
-            registrations = [
-                ReplicaRegistration.from_json(r.value)
-                for r in await self.coordinator.get_prefix(keys.replicas_prefix(kernel_id))
-            ]
+            try:
+                session = parse_session(kv.value)
+                kernel_id = session["kernel_id"]
+                if keys.kernel(kernel_id) != kv.key:
+                    raise MalformedRecord(f"kernel session record names kernel {kernel_id!r}")
+            except (MalformedRecord, ValueError) as err:
+                await quarantine(self.coordinator, kv, str(err))
+                continue
+            registrations = []
+            for r in await self.coordinator.get_prefix(keys.replicas_prefix(kernel_id)):
+                try:
+                    registrations.append(ReplicaRegistration.from_json(r.value))
+                except MalformedRecord as err:
+                    self.log.error("kernel %s: ignoring %s: %s", kernel_id, r.key, err)
             handles = {h.replica_id: h for h in await self.launcher.find_replicas(kernel_id)}
             if not registrations:
                 self.log.warning("kernel %s: no live replica left; forgetting it", kernel_id)
@@ -289,17 +310,21 @@ class GatewayPlatform:
     ) -> None:
         assert self.coordinator is not None and self.ledger is not None
         kernel_id, gpus = session["kernel_id"], int(session["gpus"])
-        cells = [
-            json.loads(c.value)
-            for c in await self.coordinator.get_prefix(self.coordinator.keys.cells_prefix(kernel_id))
-        ]
+        running = []
+        for c in await self.coordinator.get_prefix(self.coordinator.keys.cells_prefix(kernel_id)):
+            try:
+                cell = json.loads(c.value)
+                running.append(
+                    RunningCellSpec(
+                        kernel_id, str(cell["msg_id"]), int(cell["executor"]), tuple(cell.get("gpus", ())), self.now()
+                    )
+                )
+            except (ValueError, TypeError, KeyError, AttributeError) as err:
+                self.log.error("kernel %s: ignoring a malformed cell record at %s: %r", kernel_id, c.key, err)
         decision = self.scheduler.adopt(
             [KernelSpec(kernel_id, gpus)],
             [ReplicaSlot(kernel_id, int(r.replica_id), r.host) for r in registrations],
-            [
-                RunningCellSpec(kernel_id, c["msg_id"], int(c["executor"]), tuple(c.get("gpus", ())), self.now())
-                for c in cells
-            ],
+            running,
             now=self.now(),
         )
         self._log_decision(decision)
@@ -343,6 +368,8 @@ class GatewayPlatform:
         self.ready.clear()
         if self._monitor is not None:
             self._monitor.cancel()
+        if self.reconciler is not None:
+            await self.reconciler.stop()
         if self.autoscaler is not None:
             await self.autoscaler.stop()
         for kernel_id in list(self.kernels):
@@ -382,6 +409,8 @@ class GatewayPlatform:
                 await asyncio.wait_for(self.ready.wait(), self.etcd_timeout * 4)
         if self.coordinator is None or self.ledger is None or self.access is None:
             raise LaunchError("the NotebookOS platform is not connected to etcd yet")
+        # A restart: the old incarnation's replicas, keys, objects and GPUs must be gone before the new one's arrive.
+        await self.kernel_stopped(kernel_id)
         gpus = parse_kernel_gpus(env.get("KERNEL_GPUS"))
         placement = self.scheduler.start_kernel(kernel_id, gpus, now=self.now())
         self._log_decision(placement)
@@ -447,8 +476,36 @@ class GatewayPlatform:
             raise
         return router
 
+    async def kernel_stopped(self, kernel_id: str) -> None:
+        """Return once no stop of ``kernel_id`` is in progress (at once when none is)."""
+        stopping = self._stopping.get(kernel_id)
+        if stopping is not None:
+            with contextlib.suppress(Exception):  # the stop logged its own failure
+                await asyncio.shield(stopping)
+
+    def stop_kernel_soon(self, kernel_id: str, *, now: bool = False) -> asyncio.Future[None]:
+        """Begin stopping the kernel at once (EG's process-proxy calls are synchronous); returns the stop.
+
+        Registered before this returns, so a restart's :meth:`start_kernel` of the same id, however soon it
+        comes, waits for the old incarnation to be gone. A second call while one is in progress joins it."""
+        stopping = self._stopping.get(kernel_id)
+        if stopping is None:
+            stopping = self._stopping[kernel_id] = asyncio.ensure_future(self._stop_kernel(kernel_id, now=now))
+
+            def forget(done: asyncio.Future[None]) -> None:
+                if self._stopping.get(kernel_id) is done:
+                    del self._stopping[kernel_id]
+                if not done.cancelled() and done.exception() is not None:
+                    self.log.error("kernel %s: stopping it failed: %r", kernel_id, done.exception())
+
+            stopping.add_done_callback(forget)
+        return stopping
+
     async def stop_kernel(self, kernel_id: str, *, now: bool = False) -> None:
-        """Stop the kernel's replicas and router; forget it in the scheduler and etcd."""
+        """Stop the kernel's replicas and router; forget it in the scheduler, etcd and the object store."""
+        await asyncio.shield(self.stop_kernel_soon(kernel_id, now=now))
+
+    async def _stop_kernel(self, kernel_id: str, *, now: bool) -> None:
         record = self.kernels.pop(kernel_id, None)
         if record is None:
             return
@@ -460,6 +517,9 @@ class GatewayPlatform:
             )
         await asyncio.gather(
             *(self.launcher.stop_replica(h, now=now) for h in handles.values()), return_exceptions=True
+        )
+        await record.router.answer_running_cell(
+            "the kernel was shut down or restarted while this cell ran; it did not finish"
         )
         await record.router.close()
         for key in [k for k in self._waiting if k[0] == kernel_id]:
@@ -540,6 +600,27 @@ class GatewayPlatform:
         )
 
     def _on_replica_lost(self, router: ReplicaRouter, registration: ReplicaRegistration, why: str) -> None:
+        """A replica's registration is gone. A live process whose lease etcd ended (an etcd outage) gets
+        ``rejoin_grace`` seconds to register again (see :mod:`jupyter_notebookos.gateway.rejoin`); else the
+        scheduler hears of it now."""
+        record = self.kernels.get(router.kernel_id)
+        handle = record.handles.get(registration.replica_id) if record is not None else None
+        if handle is None or self.rejoin_grace <= 0 or router.shutting_down:
+            self._replica_lost(router, registration, why)
+            return
+
+        async def lost_unless_rejoined() -> None:
+            assert handle is not None
+            if await await_rejoin(router, self.launcher, handle, self.rejoin_grace):
+                self.log.info("kernel %s: replica %s registered again", router.kernel_id, registration.replica_id)
+            elif router.kernel_id in self.kernels and registration.replica_id not in router.registrations:
+                self._replica_lost(router, registration, why)
+
+        task = asyncio.ensure_future(lost_unless_rejoined())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _replica_lost(self, router: ReplicaRouter, registration: ReplicaRegistration, why: str) -> None:
         """A replica is gone: tell the scheduler now, and start the replacement it places."""
         record = self.kernels.get(router.kernel_id)
         if record is None:

@@ -27,7 +27,7 @@ class NotebookOSProcessProxy(LocalProcessProxy):
     def __init__(self, kernel_manager: Any, proxy_config: dict[str, Any]) -> None:
         super().__init__(kernel_manager, proxy_config)
         self.router: ReplicaRouter | None = None
-        self._stopping: asyncio.Task[None] | None = None
+        self._stopping: asyncio.Future[None] | None = None
         self._interrupt: asyncio.Future[None] | None = None
 
     async def launch_process(self, kernel_cmd: str, **kwargs: Any) -> NotebookOSProcessProxy:
@@ -140,7 +140,7 @@ class NotebookOSProcessProxy(LocalProcessProxy):
             return
         self.router.shutting_down = True
         self.router.exit_code = 0 if self.router.exit_code is None else self.router.exit_code
-        self._stopping = asyncio.ensure_future(GatewayPlatform.current().stop_kernel(self.kernel_id, now=now))
+        self._stopping = GatewayPlatform.current().stop_kernel_soon(self.kernel_id, now=now)
 
     def load_process_info(self, process_info: dict[str, Any]) -> None:
         """Re-attach (gateway restart): the platform has already rebuilt this kernel's router."""

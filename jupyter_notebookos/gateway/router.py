@@ -38,6 +38,7 @@ import zmq.asyncio
 from jupyter_notebookos.coordination.client import Coordinator
 from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.coordination.kv import EventType, WatchEvent
+from jupyter_notebookos.coordination.ridethrough import txn_once
 from jupyter_notebookos.coordination.txn import Compare, Op
 from jupyter_notebookos.gateway.ledger import LedgerReleases
 from jupyter_notebookos.gateway.wire import DELIM, MalformedMessage, Signer, WireMessage
@@ -49,6 +50,12 @@ from jupyter_notebookos.replication.protocol import (
 )
 
 log = logging.getLogger(__name__)
+
+#: What parsing a value from etcd raises when it is malformed (bad JSON or UTF-8, a wrong shape or type).
+MALFORMED = (ValueError, TypeError, KeyError, AttributeError)
+
+#: How many recent cells' changed names the router keeps in case their executor dies before publishing.
+CHANGED_MEMORY = 64
 
 # What a client may send on a kernel's control channel: interrupts, shutdown, the debugger, and kernel_info
 # (read-only; jupyter_server's websocket handler sends it there to see that the kernel answers).
@@ -214,6 +221,7 @@ class ReplicaRouter:
 
         self._queue: asyncio.Queue[PendingCell] = asyncio.Queue()
         self.adopted_cells: list[PendingCell] = []  # running when a previous gateway died
+        self._changed: dict[int, list[str]] = {}  # log seq -> names its cell's reply said it changed
 
         self._routes: OrderedDict[str, str] = OrderedDict()  # request msg_id -> replica id
         self._stdin_owner: str | None = None
@@ -248,17 +256,22 @@ class ReplicaRouter:
             await self.coordinator.delete_prefix(self.keys.kernel_prefix(self.kernel_id))
             self._executor_key_absent = True
         snapshot = await self.coordinator.get_prefix(self.keys.kernel_prefix(self.kernel_id))
-        running: list[tuple[dict[str, Any], int]] = []
+        running: list[tuple[str, bytes, int]] = []
         for kv in snapshot:
-            self._apply_event(WatchEvent(EventType.PUT, kv.key, kv.value, kv.mod_revision, kv.create_revision))
+            event = WatchEvent(EventType.PUT, kv.key, kv.value, kv.mod_revision, kv.create_revision)
+            if not self._apply_checked(event):
+                continue
             section = kv.key[len(self.keys.kernel_prefix(self.kernel_id)) :].partition("/")[0]
             if section == "executor":
                 # Re-attaching: the executor term in force (later changes are our own, made in memory first).
-                self.executor, self.fence = kv.value.decode(), kv.create_revision
+                self.executor, self.fence = kv.value.decode(errors="replace"), kv.create_revision
             elif section == "cells":
-                running.append((json.loads(kv.value), kv.mod_revision))
-        for cell, revision in running:
-            self._adopt_running_cell(cell, revision)
+                running.append((kv.key, kv.value, kv.mod_revision))
+        for key, value, revision in running:
+            try:
+                self._adopt_running_cell(json.loads(value), revision)
+            except MALFORMED as err:
+                log.error("kernel %s: ignoring a malformed cell record at %s: %r", self.kernel_id, key, err)
         # Only what the router must react to: registrations and applied sequences. The log itself (large
         # values, one per cell) is read on demand, when an executor dies.
         for prefix in (self.keys.replicas_prefix(self.kernel_id), self.keys.applied_prefix(self.kernel_id)):
@@ -382,11 +395,21 @@ class ReplicaRouter:
     async def _watch_loop(self, watch: Any) -> None:
         try:
             async for event in watch:
-                self._apply_event(event)
+                self._apply_checked(event)
         except asyncio.CancelledError:
             raise
         except CoordinationError as err:
             log.error("kernel %s: watch on etcd ended: %s", self.kernel_id, err)
+
+    def _apply_checked(self, event: WatchEvent) -> bool:
+        """Apply ``event``; a malformed value is logged and skipped (it must not end the watch). Returns
+        whether it applied."""
+        try:
+            self._apply_event(event)
+        except MALFORMED as err:
+            log.error("kernel %s: ignoring a malformed value at %s in etcd: %r", self.kernel_id, event.key, err)
+            return False
+        return True
 
     def _apply_event(self, event: WatchEvent) -> None:
         rel = event.key[len(self.keys.kernel_prefix(self.kernel_id)) :]
@@ -639,7 +662,8 @@ class ReplicaRouter:
                 ops.append(Op.put(executor_key, grant.replica_id, lease=registration.lease))
             else:
                 compares.append(Compare.create_revision(executor_key, "==", self.fence))
-            result = await self.coordinator.txn(compare=compares, success=ops, failure=[])
+            # A leader election while this runs is settled, not reported (the record is unique to this attempt).
+            result = await txn_once(self.coordinator, compares, ops, outcome_key=cell_key, outcome_value=record)
         except CoordinationError as err:
             self._error_reply(cell, "NotebookOSUnavailable", f"{err}")
             raise _CellAborted(str(err)) from err
@@ -681,7 +705,12 @@ class ReplicaRouter:
         keys, kid = self.keys, self.kernel_id
         records = await self.coordinator.get_prefix(keys.log_prefix(kid), keys_only=True)
         checkpoint = await self.coordinator.get(keys.checkpoint(kid))
-        covered = int(json.loads(checkpoint.value).get("seq", 0)) if checkpoint is not None else 0
+        covered = 0
+        if checkpoint is not None:
+            try:
+                covered = int(json.loads(checkpoint.value).get("seq", 0))
+            except MALFORMED as err:
+                log.error("kernel %s: ignoring a malformed checkpoint pointer: %r", self.kernel_id, err)
         return max([covered, *(keys.seq_of(kv.key) for kv in records)])
 
     async def _close_lost_seqs(self, replica_id: str) -> None:
@@ -705,10 +734,18 @@ class ReplicaRouter:
             await self.coordinator.delete(self.keys.executor(self.kernel_id))
             for seq in seqs:
                 key = self.keys.log_record(self.kernel_id, seq)
-                record = LogRecord(seq=seq, kind="lost", msg_id="", replica_id=replica_id)
+                # The names the cell's reply said it changed: the next cell's output tells the user they are lost.
+                names = self._changed.pop(seq, [])
+                record = LogRecord(seq=seq, kind="lost", msg_id="", replica_id=replica_id, names=names)
                 await self.coordinator.txn(compare=[Compare.absent(key)], success=[Op.put(key, record.to_json())])
         except CoordinationError as err:
             log.error("kernel %s: could not close log records %s: %s", self.kernel_id, list(seqs), err)
+
+    def _remember_changed(self, seq: int, names: list[str]) -> None:
+        """Keep what cell ``seq`` changed until its record is surely published (the last few cells)."""
+        self._changed[seq] = names
+        for old in [s for s in self._changed if s <= self.published_seq or s < seq - CHANGED_MEMORY]:
+            del self._changed[old]
 
     def _error_reply(self, cell: PendingCell, ename: str, evalue: str) -> None:
         """Answer ``cell`` with an error (reply on shell, error and idle on iopub)."""
@@ -746,6 +783,18 @@ class ReplicaRouter:
             self._spawn(self._send_all(shell, [reply.frames()]))
         if not cell.done.done():
             cell.done.set_result(None)
+
+    async def answer_running_cell(self, why: str) -> None:
+        """Answer the running cell with an error if its executor has not (the kernel is stopped under it, e.g.
+        by a restart), and wait until the answer is sent: every execute_request gets its reply."""
+        cell = self.running
+        if cell is None or cell.done.done():
+            return
+        before = set(self._tasks)
+        self._error_reply(cell, "KernelStopped", why)
+        sends = [t for t in self._tasks if t not in before]
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*sends), 2)
 
     @staticmethod
     async def _send_all(sock: zmq.asyncio.Socket, messages: list[list[bytes]]) -> None:
@@ -891,6 +940,8 @@ class ReplicaRouter:
             ours.setdefault("gpus", list(cell.grant.devices))
             ours.update(queued_ms=self._queued_ms(cell), attempt=cell.attempt)
             metadata[METADATA_KEY] = ours
+            if isinstance(ours.get("changed"), list):
+                self._remember_changed(cell.seq, [str(n) for n in ours["changed"]])
             msg = self.signer.with_metadata(msg, metadata)
             await self._sockets["shell"].send_multipart(msg.frames())
             # The executor has the state of this cell in memory already.

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Coroutine
@@ -39,8 +41,7 @@ _T = TypeVar("_T")
 
 #: Most log records one checkpoint transaction deletes (etcd refuses transactions of more than 128 ops).
 MAX_DELETES_PER_TXN = 100
-#: How long a publication keeps retrying while etcd is unreachable (the lease watchdog ends it sooner when
-#: the outage outlives the lease).
+#: How long a publication keeps retrying while etcd is unreachable.
 PUBLISH_RETRY_SECONDS = 30.0
 #: Least time between two puts of a follower's applied seq. The first report after a quiet spell goes out at
 #: once; during a burst of cells the reports coalesce, so a follower writes to etcd a few times a second
@@ -51,6 +52,8 @@ APPLIED_REPORT_INTERVAL = 0.1
 HOLD_EMPTY_RECORDS_S = 0.1
 #: Most records held back for one transaction.
 MAX_HELD_RECORDS = 32
+#: How long a replica whose lease etcd ended keeps trying to register again before it gives up and exits.
+REJOIN_SECONDS = 60.0
 
 
 class CoordinationThread:
@@ -99,9 +102,9 @@ class PublishOutcome:
 class ReplicaAgent:
     """One replica's etcd presence. Create, :meth:`connect`, then use; all blocking calls are thread-safe.
 
-    ``on_fatal(message)`` is called (on the coordination thread) when the replica must stop at once: its
-    lease is gone, or etcd has not confirmed it for longer than its TTL, so the replica counts as dead and
-    the cluster will replace it.
+    ``on_fatal(message)`` is called (on the coordination thread) when the replica must stop at once: etcd
+    ended its lease and it could not register again, or its log watch failed; the cluster replaces it. An
+    etcd outage alone never ends it (see :meth:`_watchdog`).
     """
 
     def __init__(self, settings: ReplicaSettings, on_fatal: Callable[[str], None]) -> None:
@@ -121,6 +124,7 @@ class ReplicaAgent:
         self._held: list[tuple[LogRecord, int, asyncio.Future[PublishOutcome]]] = []  # (record, fence, written)
         self._hold_timer: asyncio.TimerHandle | None = None
         self._tasks: list[asyncio.Task[Any]] = []
+        self.registration: ReplicaRegistration | None = None
 
     # -- start-up (blocking, from the main thread) ----------------------------------------------------
 
@@ -167,6 +171,26 @@ class ReplicaAgent:
         records = [LogRecord.from_json(kv.value) for kv in log_items]
         return LogSnapshot(pointer, [r for r in records if r.seq > after], result.revision)
 
+    async def referenced_objects(self) -> tuple[int | None, set[str]]:
+        """The seq of the kernel's checkpoint (None without one) and the object-store keys that the checkpoint
+        and every record still in the log name: what garbage collection must keep (coordination thread).
+
+        Every record still in the log, not only those after the checkpoint: a follower may not have applied
+        the ones the checkpoint covers yet (they are deleted only once every replica has)."""
+        result = await self._co().txn(
+            compare=[],
+            success=[
+                Op.get(self.keys.checkpoint(self.kid)),
+                Op.get(self.keys.log_prefix(self.kid), prefix=True),
+            ],
+        )
+        ckpt_items, log_items = result.results[0].items, result.results[1].items
+        pointer = CheckpointPointer.from_json(ckpt_items[0].value) if ckpt_items else None
+        keys = {pointer.ref, *pointer.objects} if pointer is not None else set()
+        for kv in log_items:
+            keys.update(LogRecord.from_json(kv.value).objects)
+        return (pointer.seq if pointer is not None else None), keys
+
     def register(self, registration: ReplicaRegistration) -> None:
         """Put the registration (bound to the lease): from now on the router may use this replica."""
         self.thread.run(self._register(registration), 30)
@@ -180,6 +204,7 @@ class ReplicaAgent:
                 Op.put(self.keys.applied(self.kid, self.rid), str(registration.applied_seq), lease=self.lease),
             ],
         )
+        self.registration = registration  # what _rejoin puts again after an etcd outage
         self._applied_reported = max(self._applied_reported, registration.applied_seq)
 
     def follow(self, start_revision: int, on_record: Callable[[LogRecord], None]) -> None:
@@ -442,23 +467,85 @@ class ReplicaAgent:
         return self.coordinator
 
     async def _watchdog(self) -> None:
-        """End the replica when its lease is gone, or unconfirmed for longer than its TTL."""
-        lease = self.lease
-        assert lease is not None
+        """Keep the replica through etcd outages; rejoin when etcd says the lease is gone (see :meth:`_rejoin`).
+
+        An unconfirmed lease is not a dead replica: etcd may be stopped, restarting or out of quorum, and then
+        nobody can take this replica's place either (fencing keeps it from writing meanwhile). Only etcd's own
+        word that the lease is gone counts, and even then the process keeps its memory and registers again.
+        """
         loop = asyncio.get_running_loop()
+        unconfirmed_since: float | None = None
         while not self._stopping:
             await asyncio.sleep(0.2)
-            if self._stopping:
+            lease = self.lease
+            if self._stopping or lease is None:
                 return
             if lease.lost.is_set():
-                self._fatal(f"etcd lease {lease.id:x} is gone ({lease.lost_reason})")
-                return
-            if loop.time() > lease.confirmed_until:
-                self._fatal(
-                    f"etcd has not confirmed lease {lease.id:x} for longer than its {lease.ttl} s TTL "
-                    f"(etcd unreachable at {', '.join(self.settings.etcd_endpoints)})"
+                if not await self._rejoin(lease):
+                    return
+                unconfirmed_since = None
+                continue
+            if loop.time() > lease.confirmed_until and unconfirmed_since is None:
+                unconfirmed_since = loop.time()
+                log.warning(
+                    "etcd has not confirmed lease %x for longer than its %d s TTL (etcd unreachable at %s); this "
+                    "replica keeps its state and serves again when etcd is back",
+                    lease.id,
+                    lease.ttl,
+                    ", ".join(self.settings.etcd_endpoints),
                 )
-                return
+            elif loop.time() <= lease.confirmed_until and unconfirmed_since is not None:
+                log.info("etcd confirmed lease %x again after %.1f s", lease.id, loop.time() - unconfirmed_since)
+                unconfirmed_since = None
+
+    async def _rejoin(self, old: Lease) -> bool:
+        """etcd ended our lease (an outage outlived it): take a new one and register again with the same state.
+
+        The gateway waits a while for a replica whose lease ended while its process lives, and replaces it only
+        if it does not come back; a replaced replica's process is stopped by the gateway. Returns False (after
+        ending the replica) when etcd does not let it register again within :data:`REJOIN_SECONDS`.
+        """
+        co = self._co()
+        log.warning("etcd lease %x is gone (%s): registering again with this replica's state", old.id, old.lost_reason)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REJOIN_SECONDS
+        while not self._stopping:
+            try:
+                lease = await co.grant_lease(self.settings.lease_ttl)
+                try:
+                    await self._put_registration(lease)
+                except BaseException:
+                    with contextlib.suppress(CoordinationError):
+                        await lease.revoke()
+                    raise
+            except CoordinationError as exc:
+                if loop.time() > deadline:
+                    self._fatal(
+                        f"etcd lease {old.id:x} is gone ({old.lost_reason}) and registering again failed: {exc}"
+                    )
+                    return False
+                log.warning("registering again failed (will retry): %s", exc)
+                await asyncio.sleep(0.5)
+                continue
+            self.lease = lease
+            log.info("registered again with lease %x at applied seq %d", lease.id, self._applied_reported)
+            return True
+        return False
+
+    async def _put_registration(self, lease: Lease) -> None:
+        """Put this replica's registration and applied seq, bound to ``lease``, unless the key is taken."""
+        assert self.registration is not None
+        self.registration = dataclasses.replace(
+            self.registration, lease=lease.id, applied_seq=max(self._applied_reported, FIRST_SEQ - 1)
+        )
+        await self._co().txn(
+            compare=[Compare.absent(self.keys.replica(self.kid, self.rid))],
+            success=[
+                Op.put(self.keys.replica(self.kid, self.rid), self.registration.to_json(), lease=lease),
+                Op.put(self.keys.applied(self.kid, self.rid), str(self.registration.applied_seq), lease=lease),
+            ],
+            raise_on_failure=True,
+        )
 
     def _fatal(self, reason: str) -> None:
         if self._stopping:

@@ -28,17 +28,24 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
 
 from jupyter_notebookos.gpu.binding import GpuBinding
 from jupyter_notebookos.kernel.agent import PublishOutcome, ReplicaAgent
+from jupyter_notebookos.kernel.lostchanges import LostChanges
 from jupyter_notebookos.kernel.settings import ReplicaSettings
 from jupyter_notebookos.kernel.statelog import PendingDelta, StateLog, serialize_delta
+from jupyter_notebookos.replication.checkpoint import collect_unreferenced
 from jupyter_notebookos.replication.protocol import FIRST_SEQ, METADATA_KEY, CellDirective, LogRecord
 from jupyter_notebookos.replication.serialization import UnreplicatedValue
 from jupyter_notebookos.replication.state import StateTracker
+
+#: Unreferenced object-store buffers younger than this survive garbage collection: an upload whose record is
+#: not in the log yet (a publication in flight, a checkpoint being written) must not lose its buffers.
+GC_GRACE_SECONDS = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +134,7 @@ class ReplicaKernel(IPythonKernel):
         self._uploading: concurrent.futures.Future[None] | None = None
         self._in_flight: set[concurrent.futures.Future[PublishOutcome]] = set()
         self._needs_resync = False
+        self.lost_changes = LostChanges()  # cells whose changes never reached the log, to tell the user about
         self._last_fence = 0
         self._checkpoint_seq = FIRST_SEQ - 1  # the latest checkpoint this replica knows of
         self._next_checkpoint_check = FIRST_SEQ
@@ -194,6 +202,17 @@ class ReplicaKernel(IPythonKernel):
 
     def _apply_one(self, record: LogRecord) -> None:
         started = time.perf_counter()
+        if record.kind == "lost" and record.unserializable:
+            # Its executor kept these but could not upload them: a marker here, never a stale value.
+            reason = f"log record {record.seq}: its executor could not upload these names to the object store"
+            for name in record.unserializable:
+                self.namespace[name] = UnreplicatedValue(name, reason)
+            self.tracker.refresh(list(record.unserializable))
+            self.lost_changes.add(record.seq, list(record.unserializable), "the object store refused them")
+        elif record.kind == "lost":
+            self.lost_changes.add(record.seq, [*record.names, *record.deleted], "its replica stopped first")
+        else:
+            self.lost_changes.forget_before(record.seq)
         if record.kind == "delta":
             try:
                 state = self.statelog.load(record)
@@ -267,6 +286,11 @@ class ReplicaKernel(IPythonKernel):
         self._needs_resync = True
         self.schedule_dispatch(self._quiesce)
 
+    def _changes_not_shared(self, seq: int, names: list[str], reason: str) -> None:
+        """This replica's own cell ``seq`` could not be uploaded (its record went out as lost, naming the names
+        the others mark as not replicated): it keeps the values, and tells the user with the next cell."""
+        self.lost_changes.add(seq, names, reason, kept=True)
+
     def _resync(self) -> None:
         """Reload the namespace from the checkpoint and the log (after a refused publication)."""
         self._needs_resync = False
@@ -330,6 +354,8 @@ class ReplicaKernel(IPythonKernel):
         publication transaction reports it to etcd); the next cell waits only for the upload.
         """
         statelog, agent, tracker = self.statelog, self.agent, self.tracker
+        io_loop = self.io_loop
+        assert io_loop is not None
         uploaded: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.applied = max(self.applied, directive.seq)
         self._last_fence = directive.fence
@@ -353,6 +379,12 @@ class ReplicaKernel(IPythonKernel):
                     # The checksums capture left for after the reply (new values), then the upload.
                     await loop.run_in_executor(None, settle)
                     record = await loop.run_in_executor(None, statelog.finish, pending, directive.seq, msg_id)
+                except Exception as exc:  # the object store is unreachable or full: close the seq at once
+                    reason = f"the object store refused them: {type(exc).__name__}: {exc}"
+                    log.error("record %d: %s; publishing it as lost", directive.seq, reason)
+                    changed = sorted({*pending.names, *pending.deleted})
+                    record = LogRecord(directive.seq, "lost", msg_id, self.settings.replica_id, unserializable=changed)
+                    io_loop.add_callback(self._changes_not_shared, directive.seq, changed, reason)
                 finally:
                     uploaded.set_result(None)
             uploaded_ms = (time.perf_counter() - started) * 1e3
@@ -429,6 +461,16 @@ class ReplicaKernel(IPythonKernel):
                 (time.perf_counter() - started) * 1e3,
                 len(delete) if done else 0,
             )
+            if done:  # what the new checkpoint superseded goes now: old checkpoints, unreferenced buffers
+                try:
+                    checkpoint_seq, referenced = await agent.referenced_objects()
+                    collect = partial(collect_unreferenced, grace_seconds=GC_GRACE_SECONDS)
+                    report = await loop.run_in_executor(None, collect, statelog.store, checkpoint_seq, referenced)
+                except Exception as exc:  # the next checkpoint tries again
+                    log.warning("object-store garbage collection after checkpoint %d failed: %s", seq, exc)
+                else:
+                    freed = report.deleted_buffers or report.deleted_checkpoints
+                    log.log(logging.INFO if freed else logging.DEBUG, "%s", report)
             return done
 
         self._checkpoint_seq = seq  # do not try again for this stretch, whatever the outcome
@@ -477,6 +519,9 @@ class ReplicaKernel(IPythonKernel):
                 cell_id=cell_id,
             )
         ns = self.namespace
+        notice = self.lost_changes.take_message(cell.directive.seq, ns)
+        if notice:
+            self._warn([notice])
         self.tracker.before_cell(code)
         try:
             bound = self.gpus.bind(cell.directive.gpus, ns)
@@ -543,6 +588,10 @@ class ReplicaKernel(IPythonKernel):
         }
         if cell is not None and cell.pending is not None and cell.pending.unserializable:
             info["unserializable"] = cell.pending.unserializable
+        if cell is not None and cell.pending is not None and (cell.pending.names or cell.pending.deleted):
+            # The router keeps these until the record is published: if this replica dies first, the record it
+            # closes as lost names them, and the next cell's output tells the user.
+            info["changed"] = sorted({*cell.pending.names, *cell.pending.deleted})
         return info
 
     # -- GPU eviction ----------------------------------------------------------------------------------

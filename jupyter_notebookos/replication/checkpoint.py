@@ -105,11 +105,23 @@ def collect_garbage(
     for record in records_after_checkpoint:
         rec = record if isinstance(record, StateRecord) else StateRecord.from_bytes(record)
         referenced.update(rec.object_keys)
+    return collect_unreferenced(store, seqs[-1] if seqs else None, referenced, grace_seconds=grace_seconds)
+
+
+def collect_unreferenced(
+    store: ObjectStore, checkpoint_seq: int | None, referenced: Iterable[str], *, grace_seconds: float = 600.0
+) -> GarbageReport:
+    """Delete the buffers not in ``referenced`` (older than ``grace_seconds``) and the checkpoints older than
+    ``checkpoint_seq`` (the one the kernel's checkpoint pointer names; newer ones are kept: one may be on its
+    way to being committed). This is what the executor runs after it committed a checkpoint, with the keys the
+    pointer and the log records after it name (:class:`~jupyter_notebookos.replication.protocol.LogRecord`
+    ``objects``), so it never has to read a record's payload."""
+    keep = set(referenced)
     deleted: list[str] = []
     young: list[str] = []
     kept = 0
     for key in list(store.buffer_keys()):
-        if key in referenced:
+        if key in keep:
             kept += 1
             continue
         age = store.age_seconds(key)
@@ -118,6 +130,7 @@ def collect_garbage(
             continue
         store.delete(key)
         deleted.append(key)
-    for seq in seqs[:-1]:
+    old = [seq for seq in store.checkpoint_seqs() if checkpoint_seq is not None and seq < checkpoint_seq]
+    for seq in old:
         store.delete(store.checkpoint_key(seq))
-    return GarbageReport(tuple(deleted), tuple(seqs[:-1]), kept, tuple(young))
+    return GarbageReport(tuple(deleted), tuple(old), kept, tuple(young))

@@ -65,9 +65,7 @@ ENV_SIGNATURE_SCHEME = "NOTEBOOKOS_SIGNATURE_SCHEME"  # default hmac-sha256
 ENV_IP = "NOTEBOOKOS_IP"  # where the replica binds its sockets (embedded: 127.0.0.1; pods: 0.0.0.0)
 ENV_ADVERTISE_IP = "NOTEBOOKOS_ADVERTISE_IP"  # the address the router connects to (pods: the pod IP)
 ENV_LEASE_TTL = "NOTEBOOKOS_LEASE_TTL"  # seconds; default DEFAULT_LEASE_TTL
-ENV_GPU_DEVICES = (
-    "NOTEBOOKOS_GPU_DEVICES"  # JSON list of the host's devices: [{"index", "uuid", "simulated"}]
-)
+ENV_GPU_DEVICES = "NOTEBOOKOS_GPU_DEVICES"  # JSON list of the host's devices: [{"index", "uuid", "simulated"}]
 ENV_GPU_STICKY = "NOTEBOOKOS_GPU_STICKY"  # "1": GPU state stays on the device between cells until evicted
 ENV_BUFFER_THRESHOLD = "NOTEBOOKOS_BUFFER_THRESHOLD"  # bytes above which buffers go to the object store
 ENV_CHECKPOINT_EVERY = "NOTEBOOKOS_CHECKPOINT_EVERY"  # records in the log before a checkpoint is taken
@@ -79,9 +77,9 @@ ENV_ETCD_KEY = "NOTEBOOKOS_ETCD_KEY"
 ENV_ETCD_SERVER_NAME = "NOTEBOOKOS_ETCD_SERVER_NAME"  # name checked against etcd's certificate (optional)
 # etcd auth: the kernel's own etcd user and password (the gateway creates them per kernel; never the admin's).
 ENV_ETCD_USER = "NOTEBOOKOS_ETCD_USER"
+ENV_ETCD_PASSWORD = "NOTEBOOKOS_ETCD_PASSWORD"
 # The OS user a replica takes before running the kernel's code (local launcher as root; see kernel.sandbox).
 ENV_KERNEL_UID = "NOTEBOOKOS_KERNEL_UID"
-ENV_ETCD_PASSWORD = "NOTEBOOKOS_ETCD_PASSWORD"
 
 DEFAULT_LEASE_TTL = 5
 #: The seq of a kernel's first log record. ``applied_seq == FIRST_SEQ - 1`` means nothing applied yet (a new
@@ -96,6 +94,31 @@ METADATA_KEY = "notebookos"
 
 def _dumps(obj: Any) -> str:
     return json.dumps(asdict(obj), separators=(",", ":"))
+
+
+class MalformedRecord(ValueError):
+    """A value read from etcd that is not what its key must hold (the message says what is wrong)."""
+
+
+def _checked_object(
+    raw: str | bytes, what: str, types: dict[str, tuple[type, ...]], required: set[str]
+) -> dict[str, Any]:
+    """``raw`` parsed as a JSON object whose fields have ``types`` (bool never counts as int)."""
+    try:
+        data = json.loads(raw)
+    except ValueError as err:
+        raise MalformedRecord(f"{what} is not JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise MalformedRecord(f"{what} must be a JSON object, not {type(data).__name__}")
+    missing, unknown = required - data.keys(), data.keys() - types.keys()
+    if missing or unknown:
+        raise MalformedRecord(f"{what}: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}")
+    for name, value in data.items():
+        if not isinstance(value, types[name]) or (isinstance(value, bool) and bool not in types[name]):
+            raise MalformedRecord(
+                f"{what}: field {name!r} is {value!r}, not {' or '.join(t.__name__ for t in types[name])}"
+            )
+    return data
 
 
 @dataclass(frozen=True)
@@ -124,7 +147,15 @@ class ReplicaRegistration:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> ReplicaRegistration:
-        return cls(**json.loads(raw))
+        """Parse a registration read from etcd; :class:`MalformedRecord` says what is wrong with a bad one."""
+        text, number = (str,), (int,)
+        types: dict[str, tuple[type, ...]] = {
+            **dict.fromkeys(("kernel_id", "replica_id", "host", "ip", "transport"), text),
+            **dict.fromkeys(("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"), number),
+            **dict.fromkeys(("pid", "lease", "applied_seq"), number),
+            "pod": (str, type(None)),
+        }
+        return cls(**_checked_object(raw, "replica registration", types, set(types) - {"transport", "pod"}))
 
 
 @dataclass(frozen=True)

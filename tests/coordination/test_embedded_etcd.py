@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -96,3 +98,16 @@ def test_member_can_be_killed_and_restarted_on_the_same_ports(tmp_path: Path) ->
         cluster.start_member(1)
         assert cluster.endpoints == endpoints and cluster.members[1].healthy()
     assert _etcd_children() == []
+
+
+def test_the_embedded_etcd_compacts_its_history_and_has_a_quota(tmp_path: Path) -> None:
+    cluster = EtcdCluster(tmp_path / "etcd", 1).start()
+    try:
+        member = cluster.members[0]
+        with urllib.request.urlopen(f"{member.client_url}/metrics", timeout=5) as reply:
+            metrics = reply.read().decode()
+        assert re.search(r"^etcd_server_quota_backend_bytes 2\.147483648e\+09$", metrics, re.MULTILINE)
+        command = " ".join(psutil.Process(member.pid).cmdline())
+        assert "--auto-compaction-mode periodic --auto-compaction-retention 10m" in command
+    finally:
+        cluster.stop()

@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from jupyter_notebookos.coordination import Coordinator
+from jupyter_notebookos.coordination import CoordinationError, Coordinator
 from jupyter_notebookos.coordination.txn import Compare, Op
+from jupyter_notebookos.embedded.etcd import EtcdCluster
 from jupyter_notebookos.gateway.ledger import LedgerReleases
 
 pytestmark = pytest.mark.asyncio
@@ -109,3 +110,27 @@ async def test_a_decision_never_deletes_an_entry_someone_else_wrote_since(coordi
     entry = await coordinator.get(gpu)
     assert entry is not None and entry.text == "another gateway's entry"
     assert await coordinator.get(cell) is None
+
+
+@pytest.mark.parametrize("fresh_etcd", [1], indirect=True, ids=["1-member"])
+async def test_a_release_etcd_refuses_is_retried_until_it_goes_through(fresh_etcd: EtcdCluster, prefix: str) -> None:
+    coordinator = await Coordinator.connect(fresh_etcd.endpoints, prefix=prefix, timeout=1.0)
+    keys = coordinator.keys
+    gpu, cell = keys.gpu("h1", 2), keys.cell("k1", "m1")
+    ledger = LedgerReleases(coordinator, delay=0.05)
+    revision = await _take(coordinator, ledger, gpu, cell)
+    fresh_etcd.kill_member(0)
+    ledger.release({gpu: revision, cell: revision})
+    await asyncio.sleep(3)  # a few failed attempts (1 s each)
+    assert ledger.pending == 2, "a failed release must stay pending, not be dropped"
+    with pytest.raises(CoordinationError):
+        await ledger.flush()
+    assert ledger.pending == 2
+    await asyncio.to_thread(fresh_etcd.start_member, 0)
+    for _ in range(200):
+        if ledger.pending == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert ledger.pending == 0
+    assert await coordinator.get(gpu) is None and await coordinator.get(cell) is None
+    await coordinator.close()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from replica_harness import REPO, Replica, ReplicaFactory
+from support import wait_for
 
 from jupyter_notebookos.embedded.etcd import EtcdCluster
 from jupyter_notebookos.replication import protocol as p
@@ -100,7 +101,13 @@ def test_directed_cell_publishes_exactly_one_fenced_record(replicas: ReplicaFact
     )
     cell = r0.execute(code, CellDirective(seq=1, fence=fence, gpus=[1]))
     assert cell.status == "ok" and cell.stdout == "1 [1]\n"
-    assert cell.meta == {"replica": "r0", "host": "host-r0", "gpus": [1], "seq": 1}
+    assert cell.meta == {
+        "replica": "r0",
+        "host": "host-r0",
+        "gpus": [1],
+        "seq": 1,
+        "changed": ["current_devices", "os", "x"],  # what the router names if r0 dies before publishing
+    }
     record = replicas.wait_record(1)
     assert (record.kind, record.replica_id, record.msg_id) == (
         "delta",
@@ -233,9 +240,7 @@ def test_unpicklable_variable_warns_once_and_cell_succeeds(replicas: ReplicaFact
     r0 = replicas.start("r0")
     r1 = replicas.start("r1")
     fence = replicas.elect("r0")
-    cell = r0.execute(
-        "import threading\nlock = threading.Lock()\nkept = [1, 2]\nprint('ran')", CellDirective(1, fence)
-    )
+    cell = r0.execute("import threading\nlock = threading.Lock()\nkept = [1, 2]\nprint('ran')", CellDirective(1, fence))
     assert cell.status == "ok" and cell.stdout == "ran\n"
     assert cell.stderr.count("NotebookOS:") == 1, cell.stderr
     assert "lock" in cell.stderr and "will not survive a failover or migration" in cell.stderr
@@ -243,9 +248,7 @@ def test_unpicklable_variable_warns_once_and_cell_succeeds(replicas: ReplicaFact
     assert cell.meta["unserializable"] == ["lock"]
     assert replicas.wait_record(1).unserializable == ["lock"]
     replicas.wait_applied("r1", 1)
-    out = r1.execute(
-        "print(kept)\ntry:\n    lock.acquire()\nexcept Exception as e:\n    print(type(e).__name__, e)"
-    )
+    out = r1.execute("print(kept)\ntry:\n    lock.acquire()\nexcept Exception as e:\n    print(type(e).__name__, e)")
     assert out.stdout.startswith("[1, 2]\nUnreplicatedValueError variable 'lock' was not replicated")
 
 
@@ -291,17 +294,30 @@ def test_etcd_unreachable_at_start_exits_with_one_line(replicas: ReplicaFactory)
     assert lines[0].startswith("notebookos replica cannot start: Cannot reach etcd at 127.0.0.1:9")
 
 
-def test_replica_exits_when_etcd_goes_away(tmp_path: Path) -> None:
+def test_replica_outlives_etcd_going_away_and_registers_again_when_its_lease_is_gone(tmp_path: Path) -> None:
     cluster = EtcdCluster(tmp_path / "etcd", members=1).start()
     factory = ReplicaFactory(cluster.endpoints, tmp_path)
     try:
         r0 = factory.start("r0")
-        cluster.stop()
-        status = r0.proc.wait(timeout=10)  # lease TTL is 2 s in the tests
-        assert status == 4
-        last = r0.log().strip().splitlines()[-1]
-        assert "NotebookOS replica r0" in last and "stops: etcd has not confirmed lease" in last
-        assert "counts as dead" in last
+        key = factory.keys.replica(factory.kernel_id, "r0")
+        assert r0.execute("x = 41").status == "ok"
+        cluster.kill_member(0)
+        time.sleep(5)  # more than twice the tests' 2 s lease TTL
+        assert r0.proc.poll() is None, f"the replica ended during the outage:\n{r0.log()}"
+        assert "keeps its state and serves again when etcd is back" in r0.log()
+        cluster.start_member(0)
+        # A restarted etcd extends every lease: the replica goes on as it was.
+        assert wait_for(lambda: factory.etcd.get(key), 15, "the registration after the restart")
+
+        # etcd says the lease is gone (here: revoked; after a long outage: expired): it registers again.
+        factory.etcd.run(factory.etcd.co.revoke(r0.registration.lease))
+        again = wait_for(
+            lambda: (kv := factory.etcd.get(key)) and p.ReplicaRegistration.from_json(kv.value), 15, "re-registration"
+        )
+        assert again.lease != r0.registration.lease and again.pid == r0.registration.pid
+        assert factory.applied("r0") is not None
+        assert r0.execute("print(x + 1)").stdout == "42\n", "the same process, with its memory, serves again"
+        assert r0.proc.poll() is None
     finally:
         factory.close()
         cluster.stop()

@@ -6,7 +6,7 @@ import nsprobe
 import numpy as np
 import pytest
 
-from jupyter_notebookos.replication.checkpoint import collect_garbage, make_checkpoint
+from jupyter_notebookos.replication.checkpoint import collect_garbage, collect_unreferenced, make_checkpoint
 from jupyter_notebookos.replication.objectstore import (
     BufferCorruptError,
     BufferMissingError,
@@ -164,3 +164,19 @@ def test_garbage_collection_removes_only_unreferenced_buffers(executor, store):
     assert set(store.buffer_keys()) == {*checkpoint.object_keys, newer_key}
     assert store.checkpoint_seqs() == [1]
     assert "deleted 1 buffer(s)" in str(report)
+
+
+def test_collecting_after_a_checkpoint_keeps_what_the_pointer_and_the_log_name(store):
+    keep, young_key = store.put_buffer(b"named by a record").key, store.put_buffer(b"just uploaded").key
+    gone = store.put_buffer(b"superseded").key
+    for seq in (3, 5, 8):  # 5 is the committed checkpoint; 8 may be on its way to being committed
+        store.put_checkpoint(seq, b"checkpoint")
+
+    young = collect_unreferenced(store, 5, {keep}, grace_seconds=3600)
+    assert young.deleted_buffers == () and set(young.kept_too_young) == {young_key, gone}
+    assert young.deleted_checkpoints == (3,) and store.checkpoint_seqs() == [5, 8]
+
+    report = collect_unreferenced(store, 5, {keep, young_key}, grace_seconds=0)
+    assert report.deleted_buffers == (gone,)
+    assert set(store.buffer_keys()) == {keep, young_key}
+    assert collect_unreferenced(store, None, set(), grace_seconds=0).deleted_checkpoints == ()

@@ -1,0 +1,42 @@
+"""Chaos benchmark (issue 12): a long seeded fault schedule against several kernels, then the history checker.
+Prints the faults injected, the cells acknowledged and the anomalies found (see tests/chaos/harness.py).
+
+    .venv/bin/python benchmarks/chaos.py [--seconds 240] [--kernels 3] [--seed 1] [--fault-every 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.chaos.harness import ChaosRun  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=240)
+    parser.add_argument("--kernels", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--fault-every", type=float, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="nbos-chaos-") as tmp:
+        state = Path(tmp) / "state"
+        report = ChaosRun(
+            state, seed=args.seed, kernels=args.kernels, seconds=args.seconds, fault_every=args.fault_every
+        ).run()
+    print("faults injected:")
+    for fault in report.faults:
+        print("  " + fault)
+    print(report)
+    for anomaly in report.anomalies:
+        print("ANOMALY: " + anomaly)
+    sys.exit(1 if report.anomalies else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""A chaos harness with a history checker, for `tests/chaos/` (short, in CI) and `benchmarks/chaos.py` (long).
+
+Several kernels run a deterministic workload while a seeded schedule injects faults: SIGKILL and SIGSTOP of
+replicas, SIGKILL of the executor in the middle of a cell, SIGSTOP of the etcd leader. Every reply is recorded;
+the checker then holds the history against each kernel's final state:
+
+- cell ``k`` of a kernel runs ``time.sleep(s); log.append(k); len(log)``. The final ``log`` holds each cell at
+  most once, in order; an ``ok`` reply's ``len(log)`` is exactly its cell's position in the final log
+  (linearizable: nothing acknowledged is reordered or applied twice);
+- a cell answered with an error (a NotebookOS error, never the user's) is in the log or not: one append is
+  applied fully or not at all;
+- an acknowledged cell missing from the final log must have been announced by the kernel's next acknowledged
+  cell ("were lost" in its output): never lost silently;
+- afterwards no GPU stays committed, and once the platform stops no process of it is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import re
+import signal
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from jupyter_notebookos.client import GatewayClient, GatewayError
+from jupyter_notebookos.embedded.platform import RUNTIME_FILE
+from jupyter_notebookos.embedded.runner import PlatformProcess, processes_of
+
+KERNEL = "python3-notebookos"
+FAULTS = ("kill-replica", "stop-replica", "kill-executor-mid-cell", "stop-etcd-leader")
+
+
+@dataclass
+class Reply:
+    """One acknowledged reply of the history."""
+
+    kernel_id: str
+    k: int
+    status: str
+    value: int | None
+    notice: bool  # the cell's output said an earlier cell's changes were lost
+    evalue: str = ""
+
+
+@dataclass
+class ChaosReport:
+    """What a run did and found."""
+
+    faults: list[str] = field(default_factory=list)
+    replies: list[Reply] = field(default_factory=list)
+    anomalies: list[str] = field(default_factory=list)
+
+    @property
+    def acknowledged(self) -> int:
+        return sum(r.status == "ok" for r in self.replies)
+
+    def __str__(self) -> str:
+        errors = sum(r.status != "ok" for r in self.replies)
+        return (
+            f"{len(self.faults)} faults injected, {self.acknowledged} cells acknowledged ({errors} error replies), "
+            f"{len(self.anomalies)} anomalies found"
+        )
+
+
+def check_history(replies: list[Reply], final: dict[str, list[int]]) -> list[str]:
+    """The anomalies of a history against the model (see the module docstring); empty when it is correct."""
+    anomalies = []
+    for kernel_id, logged in final.items():
+        history = [r for r in replies if r.kernel_id == kernel_id]
+        if logged != sorted(set(logged)):
+            anomalies.append(f"kernel {kernel_id}: log {logged} has cells twice or out of order")
+        position = {k: i + 1 for i, k in enumerate(logged)}
+        sent = {r.k for r in history}
+        for stray in sorted(set(logged) - sent):
+            anomalies.append(f"kernel {kernel_id}: cell {stray} is in the log but was never answered")
+        for i, reply in enumerate(history):
+            if reply.status != "ok":
+                continue  # one append: applied fully or not at all, either is fine
+            if reply.k in position:
+                if position[reply.k] != reply.value:
+                    anomalies.append(
+                        f"kernel {kernel_id} cell {reply.k}: replied len(log) = {reply.value}, but it is entry "
+                        f"{position[reply.k]} of the final log"
+                    )
+                continue
+            told = next((r.notice for r in history[i + 1 :] if r.status == "ok"), None)
+            if not told:
+                anomalies.append(f"kernel {kernel_id} cell {reply.k}: acknowledged, then lost without a word")
+    return anomalies
+
+
+class ChaosRun:
+    """One platform, ``kernels`` kernels, ``seconds`` of workload and a fault every ``fault_every`` seconds."""
+
+    def __init__(self, state_dir: Path, *, seed: int, kernels: int = 2, seconds: float = 60, fault_every: float = 6):
+        self.state_dir = state_dir
+        self.seed = seed
+        self.rng = random.Random(seed)  # the fault schedule; each workload thread has its own
+        self.kernels = kernels
+        self.seconds = seconds
+        self.fault_every = fault_every
+        self.report = ChaosReport()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._busy: dict[str, str] = {}  # kernel -> replica running its current cell
+
+    def run(self) -> ChaosReport:
+        platform = PlatformProcess.start(
+            self.state_dir,
+            "--hosts", "4", "--gpus-per-host", "2", "--etcd-members", "3",
+            "--gateway-option", "NotebookOSGatewayApp.ledger_reconcile_interval=2",
+            cwd=Path(__file__).resolve().parents[2],
+        )  # fmt: skip
+        try:
+            client = platform.client
+            ids = [client.start_kernel(KERNEL) for _ in range(self.kernels)]
+            rngs = [random.Random(self.seed * 1000 + i) for i in range(len(ids))]
+            workers = [
+                threading.Thread(target=self._workload, args=(client, kid, rng), daemon=True)
+                for kid, rng in zip(ids, rngs, strict=True)
+            ]
+            for worker in workers:
+                worker.start()
+            self._inject(client, ids)
+            self._stop.set()
+            for worker in workers:
+                worker.join(120)
+            final = {kid: self._final_log(client, kid) for kid in ids}
+            self.report.anomalies += check_history(self.report.replies, final)
+            self.report.anomalies += self._ledger_leaks(client)
+            for kid in ids:
+                with contextlib.suppress(GatewayError):
+                    client.shutdown_kernel(kid)
+        finally:
+            platform.stop(60)
+        time.sleep(1)
+        left = processes_of(self.state_dir)
+        if left:
+            self.report.anomalies.append(f"processes left after the platform stopped: {[p.pid for p in left]}")
+        return self.report
+
+    # -- the workload ------------------------------------------------------------------------------
+
+    def _workload(self, client: GatewayClient, kernel_id: str, rng: random.Random) -> None:
+        with client.connect(kernel_id) as conn:
+            conn.execute("import time\nlog = []")
+            k = 0
+            while not self._stop.is_set():
+                k += 1
+                sleep = rng.choice((0.0, 0.0, 0.2, 1.0))
+                try:
+                    result = conn.execute(f"time.sleep({sleep})\nlog.append({k})\nlen(log)", timeout=120)
+                except TimeoutError:
+                    self.report.anomalies.append(f"kernel {kernel_id} cell {k}: no reply within 120 s")
+                    return
+                content = result.reply["content"]
+                value = int(result.result_text()) if result.status == "ok" else None
+                notice = "were lost" in result.stderr
+                with self._lock:
+                    self.report.replies.append(
+                        Reply(kernel_id, k, result.status, value, notice, str(content.get("evalue", "")))
+                    )
+                if result.status != "ok":
+                    time.sleep(0.5)  # the kernel heals meanwhile
+
+    def _final_log(self, client: GatewayClient, kernel_id: str) -> list[int]:
+        with client.connect(kernel_id) as conn:
+            for _ in range(30):
+                result = conn.execute("import json\nprint(json.dumps(log))")
+                if result.status == "ok":
+                    lines = [line for line in result.stdout.splitlines() if line.startswith("[")]
+                    return list(json.loads(lines[-1]))
+                time.sleep(1)
+        raise AssertionError(f"kernel {kernel_id} did not answer after the run")
+
+    def _ledger_leaks(self, client: GatewayClient) -> list[str]:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            hosts = client.request("GET", "/api/notebookos/cluster")["hosts"]
+            if not any(h["gpus_committed"] for h in hosts):
+                return []
+            time.sleep(1)
+        return [f"GPUs still committed after the run: {[h['name'] for h in hosts if h['gpus_committed']]}"]
+
+    # -- faults ------------------------------------------------------------------------------------
+
+    def _inject(self, client: GatewayClient, ids: list[str]) -> None:
+        began = time.monotonic()
+        while time.monotonic() - began < self.seconds:
+            time.sleep(self.fault_every * self.rng.uniform(0.5, 1.5))
+            fault = self.rng.choice(FAULTS)
+            kernel_id = self.rng.choice(ids)
+            try:
+                done = getattr(self, "_" + fault.replace("-", "_"))(client, kernel_id)
+            except (GatewayError, psutil.Error, OSError) as err:
+                done = f"{fault} failed to inject: {err}"
+            self.report.faults.append(f"{time.monotonic() - began:5.1f} s {done}")
+
+    def _replicas(self, client: GatewayClient, kernel_id: str) -> list[dict[str, Any]]:
+        return [r for r in client.notebookos_kernel(kernel_id)["replicas"] if r["state"] == "ready"]
+
+    def _kill_replica(self, client: GatewayClient, kernel_id: str) -> str:
+        replica = self.rng.choice(self._replicas(client, kernel_id))
+        psutil.Process(replica["pid"]).send_signal(signal.SIGKILL)
+        return f"SIGKILL replica {replica['replica_id']} of {kernel_id[:8]}"
+
+    def _stop_replica(self, client: GatewayClient, kernel_id: str) -> str:
+        replica = self.rng.choice(self._replicas(client, kernel_id))
+        proc = psutil.Process(replica["pid"])
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(self.rng.uniform(1, 4))
+        proc.send_signal(signal.SIGCONT)
+        return f"SIGSTOP/SIGCONT replica {replica['replica_id']} of {kernel_id[:8]}"
+
+    def _kill_executor_mid_cell(self, client: GatewayClient, kernel_id: str) -> str:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            info = client.notebookos_kernel(kernel_id)
+            if info["running"] and info["executor"] is not None:
+                pid = next(r["pid"] for r in info["replicas"] if r["replica_id"] == info["executor"])
+                psutil.Process(pid).send_signal(signal.SIGKILL)
+                return f"SIGKILL executor {info['executor']} of {kernel_id[:8]} mid-cell"
+            time.sleep(0.02)
+        return f"no cell of {kernel_id[:8]} was running: nothing killed"
+
+    def _stop_etcd_leader(self, client: GatewayClient, kernel_id: str) -> str:
+        endpoints = json.loads((self.state_dir / RUNTIME_FILE).read_text())["etcd_endpoints"]
+        for endpoint in endpoints:
+            url = f"http://{endpoint}" if not endpoint.startswith("http") else endpoint
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/metrics", timeout=1) as reply:
+                if re.search(r"^etcd_server_is_leader 1\b", reply.read().decode(), re.MULTILINE):
+                    proc = next(
+                        p
+                        for p in psutil.process_iter(["cmdline"])
+                        if (p.info["cmdline"] or [""])[0].endswith("etcd") and url in " ".join(p.info["cmdline"])
+                    )
+                    proc.send_signal(signal.SIGSTOP)
+                    time.sleep(self.rng.uniform(1, 3))
+                    proc.send_signal(signal.SIGCONT)
+                    return f"SIGSTOP/SIGCONT etcd leader {endpoint}"
+        return "no etcd leader found: nothing stopped"

@@ -1,0 +1,93 @@
+"""etcd leader changes are invisible to transactions; a true quorum loss still fails fast and clearly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+
+import pytest
+
+from jupyter_notebookos.coordination import Compare, Coordinator, Op, QuorumLost
+from jupyter_notebookos.coordination.ridethrough import txn_once
+from jupyter_notebookos.embedded.etcd import EtcdCluster
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _leader_index(cluster: EtcdCluster) -> int | None:
+    for index, member in enumerate(cluster.members):
+        with contextlib.suppress(Exception):
+            if member.is_leader():
+                return index
+    return None
+
+
+async def _decide_until(
+    coordinator: Coordinator, writer: int, stop: asyncio.Event, done: list[tuple[str, str]]
+) -> None:
+    """Cell-decision-like transactions, back to back: each puts a unique record under a key of its own, fenced
+    on that key's absence (as a cell record with its GPU entries). Every one must succeed, each exactly once."""
+    i = 0
+    while not stop.is_set():
+        key = coordinator.keys.cell(f"k{writer}", f"msg-{i:05d}")
+        record = json.dumps({"writer": writer, "i": i})
+        result = await txn_once(
+            coordinator,
+            [Compare.absent(key)],
+            [Op.put(key, record), Op.put(coordinator.keys.gpu(f"host-{writer}", 0), record)],
+            outcome_key=key,
+            outcome_value=record,
+        )
+        assert result.succeeded, f"{key}: the fence refused a transaction sent once"
+        done.append((key, record))
+        i += 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("fresh_etcd", [3], indirect=True, ids=["3-members"])
+async def test_sigkill_of_the_leader_fails_no_transaction(fresh_etcd: EtcdCluster, prefix: str) -> None:
+    coordinator = await Coordinator.connect(fresh_etcd.endpoints, prefix=prefix, timeout=5.0)
+    stop, done = asyncio.Event(), []
+    writers = [asyncio.ensure_future(_decide_until(coordinator, w, stop, done)) for w in range(4)]
+    try:
+        for _ in range(2):  # two elections in a row: the new leader is killed too
+            await asyncio.sleep(0.7)
+            leader = await asyncio.to_thread(_leader_index, fresh_etcd)
+            assert leader is not None
+            before = len(done)
+            fresh_etcd.kill_member(leader)
+            await asyncio.sleep(3.0)  # one or two election timeouts (1 s each) and then some
+            assert len(done) > before + 20, "transactions did not continue on the surviving majority"
+            assert not any(w.done() for w in writers), [w.exception() for w in writers if w.done()]
+            await asyncio.to_thread(fresh_etcd.start_member, leader)
+    finally:
+        stop.set()
+        results = await asyncio.gather(*writers, return_exceptions=True)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    stored = {kv.key: kv.text for kv in await coordinator.get_prefix(coordinator.keys.kernels_prefix())}
+    assert dict(done) == stored  # every acknowledged decision is there, and nothing else
+    await coordinator.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("fresh_etcd", [3], indirect=True, ids=["3-members"])
+async def test_without_quorum_the_transaction_fails_within_5_seconds(fresh_etcd: EtcdCluster, prefix: str) -> None:
+    coordinator = await Coordinator.connect(fresh_etcd.endpoints, prefix=prefix, timeout=4.0)
+    key = coordinator.keys.cell("k", "m")
+    fresh_etcd.kill_member(0)
+    fresh_etcd.kill_member(1)
+    began = time.monotonic()
+    with pytest.raises(QuorumLost) as info:
+        await txn_once(coordinator, [Compare.absent(key)], [Op.put(key, "x")], outcome_key=key, outcome_value="x")
+    assert time.monotonic() - began < 5
+    assert "lost quorum" in str(info.value) and "majority" in str(info.value)
+    await coordinator.close()
+
+
+@pytest.mark.asyncio
+async def test_the_outcome_key_must_be_written_by_the_transaction(coordinator: Coordinator) -> None:
+    key = coordinator.keys.cell("k", "m")
+    with pytest.raises(ValueError, match="outcome"):
+        await txn_once(coordinator, [], [Op.put(key, "a")], outcome_key=key, outcome_value="b")

@@ -1,0 +1,129 @@
+"""etcd's own failures as a NotebookOS user meets them: `notebookos up --etcd-members 3`, real kernels."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import psutil
+import pytest
+from support import Platform, start_platform, stop_platform, wait_for
+
+from jupyter_notebookos.client import GatewayError
+from jupyter_notebookos.embedded.platform import RUNTIME_FILE
+
+KERNEL = "python3-notebookos"
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    started = start_platform(
+        tmp_path_factory.mktemp("failover") / "state", "--hosts", "3", "--gpus-per-host", "2", "--etcd-members", "3"
+    )
+    try:
+        yield started
+    finally:
+        stop_platform(started)
+
+
+def etcd_endpoints(platform: Platform) -> list[str]:
+    return list(json.loads((platform.state_dir / RUNTIME_FILE).read_text())["etcd_endpoints"])
+
+
+def is_leader(endpoint: str) -> bool:
+    url = endpoint if endpoint.startswith("http") else f"http://{endpoint}"
+    with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/metrics", timeout=1) as reply:
+        return re.search(r"^etcd_server_is_leader 1\b", reply.read().decode(), re.MULTILINE) is not None
+    return False
+
+
+def etcd_process(endpoint: str) -> psutil.Process | None:
+    """The etcd member serving ``endpoint``, or None (a member an earlier test killed)."""
+    url = endpoint if endpoint.startswith("http") else f"http://{endpoint}"
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if cmdline and cmdline[0].endswith("etcd") and f"--listen-client-urls={url}" in "=".join(cmdline):
+            return proc
+    return None
+
+
+def test_sigkill_of_the_etcd_leader_fails_no_cell(platform: Platform) -> None:
+    client = platform.client
+    kernel_id = client.start_kernel(KERNEL)
+    try:
+        with client.connect(kernel_id) as conn:
+            assert conn.execute("n = 0").status == "ok"
+            leader = wait_for(
+                lambda: next((e for e in etcd_endpoints(platform) if is_leader(e)), None), 10, "an etcd leader"
+            )
+            member = etcd_process(leader)
+            assert member is not None
+            member.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            # Cells right through the election (a new leader within one or two 1 s election timeouts) and after.
+            results = []
+            while time.monotonic() - killed < 6:
+                results.append(conn.execute("n += 1\nn", timeout=30))
+            errors = [r.reply["content"] for r in results if r.status != "ok"]
+            assert not errors, errors
+            assert results[-1].result_text() == str(len(results))
+            assert any(is_leader(e) for e in etcd_endpoints(platform) if e != leader)
+    finally:
+        with contextlib.suppress(GatewayError):
+            client.shutdown_kernel(kernel_id)
+
+
+def test_replicas_outlive_a_60_second_etcd_outage_with_their_memory(platform: Platform) -> None:
+    client = platform.client
+    kernel_id = client.start_kernel(KERNEL)
+    members = [m for m in map(etcd_process, etcd_endpoints(platform)) if m is not None]  # the live ones
+    assert members
+    stopped = False
+    try:
+        with client.connect(kernel_id) as conn:
+            # An open file cannot be pickled: only the process that opened it has it, so it tells whether the
+            # replica after the outage is the same process with the same memory, not a replacement from the log.
+            first = conn.execute(f"f = open({str(platform.state_dir / 'runtime.json')!r})\nx = 41")
+            assert first.status == "ok"
+            executor = first.notebookos["replica"]
+            pids = {r["replica_id"]: r["pid"] for r in client.notebookos_kernel(kernel_id)["replicas"]}
+
+            for member in members:
+                member.send_signal(signal.SIGSTOP)
+            stopped, began = True, time.monotonic()
+            during = conn.execute("x + 1", timeout=30)
+            assert during.status == "error" and "etcd" in during.reply["content"]["evalue"]
+            assert time.monotonic() - began < 10, "a cell during the outage must fail fast"
+            time.sleep(max(0.0, 60 - (time.monotonic() - began)))
+            for member in members:
+                member.send_signal(signal.SIGCONT)
+            stopped = False
+
+            def served() -> dict | None:
+                with contextlib.suppress(TimeoutError):
+                    msg_id = conn.send(
+                        "shell",
+                        "execute_request",
+                        {"code": "", "silent": False, "user_expressions": {"out": "(f.closed, x + 1)"}},
+                        metadata={"notebookos": {"replica": executor}},
+                    )
+                    reply = conn.reply(msg_id, timeout=30)
+                    return reply if reply["content"]["status"] == "ok" else None
+                return None
+
+            reply = wait_for(served, 60, "the kernel to serve again after etcd came back", interval=1.0)
+            assert reply["content"]["user_expressions"]["out"]["data"]["text/plain"] == "(False, 42)"
+            after = {r["replica_id"]: r["pid"] for r in client.notebookos_kernel(kernel_id)["replicas"]}
+            assert after == pids, "the same replica processes serve again, none was replaced"
+            assert all(psutil.pid_exists(pid) for pid in pids.values())
+    finally:
+        if stopped:
+            for member in members:
+                member.send_signal(signal.SIGCONT)
+        with contextlib.suppress(GatewayError):
+            client.shutdown_kernel(kernel_id)
