@@ -154,8 +154,10 @@ class ReplicaRegistration:
             **dict.fromkeys(("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"), number),
             **dict.fromkeys(("pid", "lease", "applied_seq"), number),
             "pod": (str, type(None)),
+            "change_detection": text,
         }
-        return cls(**_checked_object(raw, "replica registration", types, set(types) - {"transport", "pod"}))
+        optional = {"transport", "pod", "change_detection"}
+        return cls(**_checked_object(raw, "replica registration", types, set(types) - optional))
 
 
 @dataclass(frozen=True)
