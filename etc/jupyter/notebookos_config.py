@@ -9,6 +9,10 @@ c = get_config()  # noqa: F821 - provided by traitlets when the file is loaded
 # c.NotebookOSGatewayApp.auth_token = ""            # or EG_AUTH_TOKEN; `notebookos up` generates one
 # c.NotebookOSGatewayApp.list_kernels = False       # or EG_LIST_KERNELS=True (`notebookos up` and the chart turn it on)
 # c.NotebookOSGatewayApp.unauthorized_users = {"root"}  # EG refuses kernels for these KERNEL_USERNAMEs
+# EG's idle-kernel culler (docs/jupyterhub.md#idle-culling): an idle NotebookOS kernel holds no GPU, only its
+# replicas' memory, so hours are reasonable. A culled kernel's replicas, ledger entries and objects are freed.
+# c.MappingKernelManager.cull_idle_timeout = 0      # seconds idle (no client connected) before shutdown; 0: never
+# c.MappingKernelManager.cull_interval = 300
 
 # --- Users, tokens and kernel ownership (docs/security.md) ----------------------------------------------------
 # c.NotebookOSGatewayApp.user_tokens_file = ""      # or NOTEBOOKOS_USER_TOKENS_FILE; {"<token>": "<user>"}, mode 0600
