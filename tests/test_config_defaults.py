@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
 from traitlets.config import Configurable
 
 from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
@@ -18,7 +19,7 @@ from jupyter_notebookos.scheduler import Scheduler
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "etc" / "jupyter" / "notebookos_config.py"
 CLASSES: dict[str, type[Configurable]] = {
-    c.__name__: c for c in (NotebookOSGatewayApp, Scheduler, LocalLauncher, KubernetesLauncher)
+    c.__name__: c for c in (NotebookOSGatewayApp, Scheduler, LocalLauncher, KubernetesLauncher, MappingKernelManager)
 }
 # Defaults computed from where the gateway runs: the example shows their shape, not their value.
 ILLUSTRATIVE = {
