@@ -15,7 +15,7 @@ test:
 	@scripts/bootstrap.sh --browser
 	$(VENV)/bin/ruff check jupyter_notebookos tests benchmarks
 	$(VENV)/bin/mypy jupyter_notebookos
-	$(VENV)/bin/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
 
 lint: bootstrap
 	$(VENV)/bin/ruff check jupyter_notebookos tests benchmarks
