@@ -31,6 +31,7 @@ __all__ = [
     "free_port",
     "gpus_held_on",
     "jupyter_server",
+    "kernel_of",
     "processes_of",
     "start_platform",
     "stop_platform",
@@ -137,6 +138,7 @@ def jupyter_server(gateway_url: str, gateway_token: str, root_dir: Path) -> Iter
             str(lab_python),
             "-m",
             "jupyter_server",
+            "kernel_of",
             "--no-browser",
             "--ip=127.0.0.1",
             f"--port={port}",
@@ -164,3 +166,14 @@ def _answers(client: GatewayClient) -> bool:
     except Exception:
         return False
     return True
+
+
+@contextlib.contextmanager
+def kernel_of(client: GatewayClient, name: str = "python3-notebookos") -> Iterator[tuple[GatewayClient, str]]:
+    """A kernel started through the gateway for one test, shut down afterwards (if the test did not)."""
+    kernel_id = client.start_kernel(name)
+    try:
+        yield client, kernel_id
+    finally:
+        with contextlib.suppress(GatewayError):
+            client.shutdown_kernel(kernel_id)

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
 from collections.abc import Iterator
 
 import pytest
-from support import Platform, start_platform, stop_platform, wait_for
+from support import Platform, kernel_of, start_platform, stop_platform, wait_for
 
-from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
+from jupyter_notebookos.client import GatewayClient, KernelConnection
 
 KERNEL = "python3-notebookos"
 
@@ -27,13 +26,8 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
 
 @pytest.fixture
 def kernel(platform: Platform) -> Iterator[tuple[GatewayClient, str]]:
-    client = platform.client
-    kernel_id = client.start_kernel(KERNEL)
-    try:
-        yield client, kernel_id
-    finally:
-        with contextlib.suppress(GatewayError):
-            client.shutdown_kernel(kernel_id)
+    with kernel_of(platform.client, KERNEL) as started:
+        yield started
 
 
 def ready(client: GatewayClient, kernel_id: str) -> list[dict]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 import websocket
-from support import REPO, Platform, jupyter_server, processes_of, start_platform, stop_platform, wait_for
+from support import REPO, Platform, jupyter_server, kernel_of, processes_of, start_platform, stop_platform, wait_for
 
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
 from jupyter_notebookos.replication.writetrack import METHOD
@@ -27,13 +27,8 @@ def ready_replicas(client: GatewayClient, kernel_id: str) -> list[dict]:
 
 @pytest.fixture
 def kernel(shared_up: Platform) -> Iterator[tuple[GatewayClient, str]]:
-    client = shared_up.client
-    kernel_id = client.start_kernel(KERNEL)
-    try:
-        yield client, kernel_id
-    finally:
-        with contextlib.suppress(GatewayError):
-            client.shutdown_kernel(kernel_id)
+    with kernel_of(shared_up.client, KERNEL) as started:
+        yield started
 
 
 def test_three_replicas_on_distinct_hosts_and_every_output_exactly_once(kernel: tuple[GatewayClient, str]) -> None:

@@ -7,7 +7,6 @@ Enterprise Gateway's own integration tests ``test_restart`` and ``test_interrupt
 
 from __future__ import annotations
 
-import contextlib
 import time
 import unittest
 from collections.abc import Iterator
@@ -21,9 +20,9 @@ import requests
 import websocket
 from enterprise_gateway.client import gateway_client
 from enterprise_gateway.itests.test_python_kernel import PythonKernelBaseTestCase
-from support import Platform, gpus_held_on, start_platform, stop_platform, wait_for
+from support import Platform, gpus_held_on, kernel_of, start_platform, stop_platform, wait_for
 
-from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
+from jupyter_notebookos.client import GatewayClient, KernelConnection
 
 KERNEL = "python3-notebookos"
 
@@ -40,13 +39,8 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
 
 @pytest.fixture
 def kernel(platform: Platform) -> Iterator[tuple[GatewayClient, str]]:
-    client = platform.client
-    kernel_id = client.start_kernel(KERNEL)
-    try:
-        yield client, kernel_id
-    finally:
-        with contextlib.suppress(GatewayError):
-            client.shutdown_kernel(kernel_id)
+    with kernel_of(platform.client, KERNEL) as started:
+        yield started
 
 
 def restart(client: GatewayClient, kernel_id: str) -> float:

@@ -104,29 +104,8 @@ class ObjectStore:
 
     def get_buffer(self, ref: BufferRef) -> bytearray:
         """Read a buffer into a new writable ``bytearray`` (numpy arrays built on it stay writable)."""
-        path = self._path(ref.key)
         out = bytearray(ref.size)
-        try:
-            with self.fs.open(path, "rb") as f:
-                got = f.readinto(out) if hasattr(f, "readinto") else _read_into(f, out)
-                extra = f.read(1)
-        except FileNotFoundError as exc:
-            raise BufferMissingError(
-                f"buffer {ref.key} ({ref.size} bytes) is missing from the object store {self.url}: the "
-                "state that refers to it cannot be restored. It was deleted while still referenced, or this "
-                "replica is configured with a different object store than the executor."
-            ) from exc
-        except Exception as exc:
-            raise self._unreachable(f"read buffer {ref.key}", exc) from exc
-        if got != ref.size or extra:
-            raise BufferCorruptError(
-                f"buffer {ref.key} in {self.url} has the wrong size (expected {ref.size} bytes): "
-                "it is damaged."
-            )
-        if self.verify and content_digest(out) != ref.digest:
-            raise BufferCorruptError(
-                f"buffer {ref.key} in {self.url} does not match its digest: it is damaged."
-            )
+        self.get_buffer_into(ref, memoryview(out))
         return out
 
     def get_buffer_into(self, ref: BufferRef, out: memoryview) -> None:
