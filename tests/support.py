@@ -138,7 +138,6 @@ def jupyter_server(gateway_url: str, gateway_token: str, root_dir: Path) -> Iter
             str(lab_python),
             "-m",
             "jupyter_server",
-            "kernel_of",
             "--no-browser",
             "--ip=127.0.0.1",
             f"--port={port}",
