@@ -87,6 +87,8 @@ def classify(
     code = exc.code()
     detail = _details(exc)
     lowered = detail.lower()
+    if _server_timeout(exc):
+        return QuorumLost(endpoints, f"{operation}: etcd timed out waiting for its leader ({detail})")
     if code == grpc.StatusCode.UNAVAILABLE:
         if "no leader" in lowered or "request timed out" in lowered or "leader changed" in lowered:
             return QuorumLost(endpoints, f"{operation}: {detail}")
@@ -121,8 +123,16 @@ def _token_expired(exc: grpc.aio.AioRpcError) -> bool:
     return "invalid auth token" in lowered or "auth store is old" in lowered or "user name is empty" in lowered
 
 
+def _server_timeout(exc: grpc.aio.AioRpcError) -> bool:
+    """etcd gave up on a request inside the server (status UNKNOWN, "context deadline exceeded"): a linearizable
+    read or a proposal that waited for a leader during an election."""
+    return exc.code() == grpc.StatusCode.UNKNOWN and "deadline exceeded" in _details(exc).lower()
+
+
 def _retryable(exc: grpc.aio.AioRpcError, *, idempotent: bool) -> bool:
     code = exc.code()
+    if idempotent and _server_timeout(exc):
+        return True
     if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return False
     if idempotent:
