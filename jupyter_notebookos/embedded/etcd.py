@@ -250,6 +250,7 @@ class EtcdCluster:
             noticed within about a second.
         start_timeout: seconds to wait for the cluster to become healthy.
         stop_timeout: seconds between SIGTERM and SIGKILL when stopping a member.
+        quota_backend_bytes: the database size at which etcd refuses writes (its NOSPACE alarm).
 
     Raises (from the constructor):
         EtcdBinaryMissing: no etcd binary was found.
@@ -265,6 +266,7 @@ class EtcdCluster:
         election_ms: int = 1000,
         start_timeout: float = 30.0,
         stop_timeout: float = 5.0,
+        quota_backend_bytes: int = QUOTA_BACKEND_BYTES,
     ) -> None:
         if members not in (1, 3):
             raise ValueError(f"an embedded etcd cluster has 1 or 3 members, not {members}")
@@ -273,6 +275,7 @@ class EtcdCluster:
         self.etcd = find_etcd_binary(binary)
         self.binary: Path = self.etcd.path
         self.heartbeat_ms = heartbeat_ms
+        self.quota_backend_bytes = quota_backend_bytes
         self.election_ms = election_ms
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
@@ -494,7 +497,7 @@ class EtcdCluster:
             # filling the disk.
             "--auto-compaction-mode", "periodic",
             "--auto-compaction-retention", AUTO_COMPACTION_RETENTION,
-            "--quota-backend-bytes", str(QUOTA_BACKEND_BYTES),
+            "--quota-backend-bytes", str(self.quota_backend_bytes),
             "--logger", "zap",
             "--log-outputs", "stderr",
         ]  # fmt: skip

@@ -27,7 +27,8 @@ from jupyter_server.utils import url_path_join
 from tornado import ioloop
 from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default, validate
 
-from jupyter_notebookos.coordination.client import EtcdCredentials, EtcdTls
+from jupyter_notebookos.coordination.client import Coordinator, EtcdCredentials, EtcdTls
+from jupyter_notebookos.gateway.defrag import EtcdMaintenance
 from jupyter_notebookos.gateway.handlers import notebookos_handlers
 from jupyter_notebookos.gateway.identity import Identities, IdentityConfig, IdentityConfigError
 from jupyter_notebookos.gateway.ownership import with_identity
@@ -52,7 +53,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
 
     name = "notebookos-gateway"
     description = "NotebookOS: GPU-efficient replicated notebook kernels on Jupyter Enterprise Gateway"
-    classes = [*EnterpriseGatewayApp.classes, Scheduler, LocalLauncher, SimulatedHostProvisioner]
+    classes = [*EnterpriseGatewayApp.classes, Scheduler, LocalLauncher, SimulatedHostProvisioner, EtcdMaintenance]
 
     etcd_endpoints = List(
         Unicode(),
@@ -257,6 +258,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         return endpoints
 
     node_hosts: Any = None  # Kubernetes: the GPU nodes as hosts (gateway.nodes.NodeHosts)
+    etcd_maintenance: EtcdMaintenance | None = None
     identities: Identities | None = None  # who is asking (admin token, token file, JupyterHub, metrics token)
 
     def init_identities(self) -> None:
@@ -350,9 +352,24 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
             await self.node_hosts.start()
             self.log.info("NotebookOS on Kubernetes: %d GPU node(s) as hosts", len(self.platform.hosts))
         await self.platform.start()
+        assert self.platform.coordinator is not None
+        self.etcd_maintenance = EtcdMaintenance(self.platform.coordinator, self._connect_etcd_member, parent=self)
+        self.etcd_maintenance.start()
+
+    async def _connect_etcd_member(self, url: str) -> Coordinator:
+        """A connection to one etcd member only (defragmentation acts on the member it is sent to)."""
+        return await Coordinator.connect(
+            [url],
+            timeout=float(self.etcd_timeout),
+            prefix=self.etcd_prefix,
+            tls=self.platform.etcd_tls,
+            credentials=self.platform.etcd_credentials,
+        )
 
     async def stop_platform(self) -> None:
         """Stop the platform, then the node and pod watches (replica pods keep running)."""
+        if self.etcd_maintenance is not None:
+            await self.etcd_maintenance.stop()
         await self.platform.stop(stop_kernels=self.stop_kernels_on_shutdown)
         if self.node_hosts is not None:
             await self.node_hosts.stop()
