@@ -218,8 +218,9 @@ class EmbeddedPlatform:
         self._write_runtime_file()
 
     def wait(self) -> int:
-        """Block until a signal arrives (exit 0). A child that dies is restarted (the gateway re-attaches to
-        the running kernels, whose replicas are detached); one that keeps dying ends the platform (exit 1)."""
+        """Block until a signal arrives (exit 0). A child or etcd member that dies is restarted (the gateway
+        re-attaches to the running kernels, whose replicas are detached; a member rejoins its cluster); one that
+        keeps dying ends the platform (exit 1)."""
         restarts: dict[str, list[float]] = {}
         while not self._stopping:
             for index, (name, child) in enumerate(self.children):
@@ -236,8 +237,34 @@ class EmbeddedPlatform:
                 restarts[name] = [*recent, time.monotonic()]
                 self.console.print(f"[yellow]{name} exited with code {child.returncode}; restarting it[/]")
                 self.children[index] = (name, self._restart(name))
+            if self.etcd is not None and not self._stopping and not self._restart_etcd_members(restarts):
+                return 1
             time.sleep(0.2)
         return 0
+
+    def _restart_etcd_members(self, restarts: dict[str, list[float]]) -> bool:
+        """Start again, on the same ports and data, every etcd member that exited (as a crash or an OOM kill would
+        end it); the cluster takes it back as a follower. False when one keeps dying (the platform ends)."""
+        assert self.etcd is not None
+        for index, member in enumerate(self.etcd.members):
+            if member.running or member.process is None:
+                continue
+            name = f"etcd member {member.name}"
+            recent = [t for t in restarts.get(name, []) if time.monotonic() - t < RESTART_WINDOW_S]
+            if len(recent) >= MAX_RESTARTS:
+                self.console.print(
+                    f"[red]{name} exited {MAX_RESTARTS} times within {RESTART_WINDOW_S:.0f} s; giving up[/]\n"
+                    f"{tail(member.log_path)}"
+                )
+                return False
+            restarts[name] = [*recent, time.monotonic()]
+            self.console.print(f"[yellow]{name} exited with code {member.process.returncode}; restarting it[/]")
+            try:
+                self.etcd.start_member(index, wait=False)
+            except (OSError, EtcdClusterError) as err:
+                self.console.print(f"[red]{name} could not be started again: {err}[/]")
+                return False
+        return True
 
     def _restart(self, name: str) -> subprocess.Popen[bytes]:
         log = self.state_dir / f"{name}.log"
