@@ -93,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--lab-port", type=_port, default=8889, help="JupyterLab port (default 8889)")
     lab.add_argument("--no-lab", action="store_true", help="do not start JupyterLab")
     up.add_argument("--etcd-members", type=int, choices=(1, 3), default=1, help="etcd cluster size (1 or 3)")
+    up.add_argument(
+        "--host-network",
+        choices=("shared", "netns"),
+        default="shared",
+        help="netns (root): each simulated host is a network namespace, so it can be partitioned "
+        "(python -m jupyter_notebookos.launchers.hostnet partition STATE_DIR HOST) (default shared)",
+    )
     up.add_argument("--state-dir", type=Path, default=Path(".state"), help="local state (default ./.state)")
     up.add_argument("--notebook-dir", type=Path, default=Path.cwd(), help="JupyterLab's root directory")
     up.add_argument(
@@ -178,6 +185,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         notebook_dir=args.notebook_dir,
         autoscale=args.autoscale,
+        host_network=args.host_network,
         provisioning_delay=args.provisioning_delay,
         gateway_options=list(args.gateway_option),
         hub=args.hub,

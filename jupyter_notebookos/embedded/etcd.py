@@ -38,6 +38,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -251,6 +252,8 @@ class EtcdCluster:
         start_timeout: seconds to wait for the cluster to become healthy.
         stop_timeout: seconds between SIGTERM and SIGKILL when stopping a member.
         quota_backend_bytes: the database size at which etcd refuses writes (its NOSPACE alarm).
+        extra_client_ips: addresses besides loopback where members also take clients, on the same ports (the
+            bridge of simulated hosts that are network namespaces).
 
     Raises (from the constructor):
         EtcdBinaryMissing: no etcd binary was found.
@@ -267,6 +270,7 @@ class EtcdCluster:
         start_timeout: float = 30.0,
         stop_timeout: float = 5.0,
         quota_backend_bytes: int = QUOTA_BACKEND_BYTES,
+        extra_client_ips: Sequence[str] = (),
     ) -> None:
         if members not in (1, 3):
             raise ValueError(f"an embedded etcd cluster has 1 or 3 members, not {members}")
@@ -276,6 +280,7 @@ class EtcdCluster:
         self.binary: Path = self.etcd.path
         self.heartbeat_ms = heartbeat_ms
         self.quota_backend_bytes = quota_backend_bytes
+        self.extra_client_ips = list(extra_client_ips)
         self.election_ms = election_ms
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
@@ -480,7 +485,9 @@ class EtcdCluster:
             str(self.binary),
             "--name", member.name,
             "--data-dir", str(member.data_dir),
-            "--listen-client-urls", member.client_url,
+            "--listen-client-urls", ",".join(
+                [member.client_url, *(f"http://{ip}:{member.client_port}" for ip in self.extra_client_ips)]
+            ),
             "--advertise-client-urls", member.client_url,
             "--listen-peer-urls", member.peer_url,
             "--initial-advertise-peer-urls", member.peer_url,

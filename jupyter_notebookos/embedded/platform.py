@@ -29,6 +29,7 @@ from rich.console import Console
 
 from jupyter_notebookos.embedded.etcd import EtcdCluster, EtcdClusterError
 from jupyter_notebookos.embedded.hub import ENV_HUB_STATE_DIR, EmbeddedHub, HubSetupError
+from jupyter_notebookos.launchers.hostnet import HostNetwork, HostNetworkError
 
 RUNTIME_FILE = "runtime.json"
 #: A child that exits this many times within the window is not restarted again.
@@ -60,6 +61,7 @@ class UpOptions:
     hub_port: int = 8000
     users: list[str] = field(default_factory=lambda: ["alice", "bob"])
     cull_idle_servers: float = 0.0  # seconds; 0: no jupyterhub-idle-culler
+    host_network: str = "shared"  # or "netns": each simulated host a network namespace (launchers/hostnet.py)
 
 
 def lab_python() -> Path:
@@ -122,6 +124,7 @@ class EmbeddedPlatform:
         self.token = secrets.token_hex(24)
         self.lab_token = secrets.token_hex(24)
         self.etcd: EtcdCluster | None = None
+        self.host_network: HostNetwork | None = None
         self.hub: EmbeddedHub | None = None
         self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
         self._lock: IO[str] | None = None
@@ -189,8 +192,22 @@ class EmbeddedPlatform:
         if opts.lab and opts.lab_port == 0:
             opts.lab_port = free_port()
 
+        extra_ips = []
+        if opts.host_network == "netns":
+            reason = HostNetwork.unavailable()
+            if reason:
+                raise PlatformError(f"--host-network netns: {reason}")
+            self.host_network = HostNetwork.for_state_dir(self.state_dir)
+            try:
+                self.host_network.ensure_bridge()
+            except HostNetworkError as err:
+                raise PlatformError(f"--host-network netns: {err}") from None
+            extra_ips.append(self.host_network.bridge_ip)  # replicas reach etcd over the bridge
+            self.console.print(
+                f"hosts: network namespaces on bridge {self.host_network.bridge} ({self.host_network.subnet})"
+            )
         try:
-            self.etcd = EtcdCluster(self.state_dir / "etcd", members=opts.etcd_members)
+            self.etcd = EtcdCluster(self.state_dir / "etcd", members=opts.etcd_members, extra_client_ips=extra_ips)
             self.console.print(f"etcd: starting a {self.etcd.description}")
             self.etcd.start()
         except EtcdClusterError as err:
@@ -299,6 +316,9 @@ class EmbeddedPlatform:
         if self.etcd is not None:
             self.etcd.stop()
             self.etcd = None
+        if self.host_network is not None:
+            self.host_network.remove()
+            self.host_network = None
         with contextlib.suppress(FileNotFoundError):
             (self.state_dir / RUNTIME_FILE).unlink()
         if self._lock is not None:
@@ -383,6 +403,7 @@ class EmbeddedPlatform:
             f"--NotebookOSGatewayApp.state_dir={self.state_dir}",
             f"--NotebookOSGatewayApp.autoscale={opts.autoscale}",
             f"--SimulatedHostProvisioner.provisioning_delay={opts.provisioning_delay}",
+            f"--LocalLauncher.host_network={opts.host_network}",
             *(f"--{option}" for option in opts.gateway_options),
         ]
 
