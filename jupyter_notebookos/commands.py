@@ -207,7 +207,8 @@ def cluster_view(cluster: dict[str, Any]) -> RenderableType:
     kernels = cluster.get("kernels", [])
     if kernels:
         table = Table(title="Kernels")
-        for column in ("kernel", "owner", "replicas", "executor", "GPUs/cell", "state", "cells"):
+        table.add_column("kernel", no_wrap=True, min_width=36)  # whole ids: they are what one copies
+        for column in ("owner", "replicas", "executor", "GPUs/cell", "state", "cells"):
             table.add_column(column)
         for k in kernels:
             table.add_row(

@@ -8,7 +8,11 @@ before each scrape (cheap: the model is in memory), so they can never drift from
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+# No ``*_created`` series: in the text format they read as extra gauges (``notebookos_cells_created``) that no
+# dashboard uses. The switch is process-wide; the gateway process has no other Prometheus registry.
+disable_created_metrics()
 
 # Interactivity delay buckets (seconds): a cell that starts within 1 s is "immediate" for users.
 QUEUED_SECONDS_BUCKETS = (
