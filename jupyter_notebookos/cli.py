@@ -103,8 +103,9 @@ def _gateway_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", type=Path, default=Path(".state"), help="state dir of `notebookos up`")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand."""
+def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
+    """The argument parser of every subcommand. ``simulate_options=False`` leaves out ``simulate``'s options,
+    whose module loads the simulator (numpy, the scheduler): a second or more that `status` need not wait."""
     parser = argparse.ArgumentParser(
         prog="notebookos",
         description="NotebookOS: GPU-efficient replicated notebook kernels.",
@@ -210,19 +211,18 @@ def build_parser() -> argparse.ArgumentParser:
     simulate = sub.add_parser(
         "simulate", help="trace-driven simulation of NotebookOS and its baselines", formatter_class=_HelpFormatter
     )
-    try:
+    if simulate_options:
         from jupyter_notebookos.simulator.cli import add_arguments
-    except ImportError:  # pragma: no cover - while the simulator is being written
-        pass
-    else:
+
         add_arguments(simulate)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(simulate_options="simulate" in words)
+    args = parser.parse_args(words)
     if args.command == "up":
         return cmd_up(args)
     if args.command in ("down", "status", "migrate"):

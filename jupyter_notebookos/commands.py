@@ -10,6 +10,7 @@ gateway that does not answer, a wrong token, an unknown kernel) ends as one line
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -349,17 +350,24 @@ def cmd_down(args: argparse.Namespace) -> int:
     if "up" not in cmdline or not any("notebookos" in part for part in cmdline):
         raise CommandError(f"process {pid} named in {state_dir}/runtime.json is not `notebookos up`; not stopping it")
     began = time.monotonic()
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):  # gone already: nothing to wait for
         process.send_signal(signal.SIGTERM)
-        process.wait(args.timeout)
-    except psutil.NoSuchProcess:
-        pass
-    except psutil.TimeoutExpired:
-        raise CommandError(
-            f"`notebookos up` (pid {pid}) did not stop within {args.timeout:g} s; see {state_dir}/gateway.log"
-        ) from None
+    while _running(process):
+        if time.monotonic() - began > args.timeout:
+            raise CommandError(
+                f"`notebookos up` (pid {pid}) did not stop within {args.timeout:g} s; see {state_dir}/gateway.log"
+            )
+        time.sleep(0.1)
     print(f"stopped `notebookos up` (pid {pid}, state dir {state_dir}) in {time.monotonic() - began:.1f} s")
     return 0
+
+
+def _running(process: psutil.Process) -> bool:
+    """Whether ``process`` still runs (an exited one its parent has not reaped yet does not)."""
+    try:
+        return bool(process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
 
 
 __all__ = [
