@@ -236,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         except CommandError as err:
             print(f"notebookos {args.command}: {err}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:  # Ctrl-C while waiting for the gateway: no traceback
+            print(f"notebookos {args.command}: interrupted", file=sys.stderr)
+            return 130
     from jupyter_notebookos.simulator.cli import run as simulate
 
     return simulate(args)

@@ -89,6 +89,8 @@ class Gateway:
             raise CommandError(self._refusal(err)) from None
         except (urllib.error.URLError, OSError) as err:
             reason = getattr(err, "reason", None) or err
+            if isinstance(reason, TimeoutError):
+                raise CommandError(f"{self.url} did not answer {method} {path} within {timeout:g} s") from None
             raise CommandError(f"cannot reach the gateway at {self.url}: {reason}") from None
         try:
             return json.loads(raw) if raw else None

@@ -232,6 +232,7 @@ def test_migrate_from_the_cli_shows_in_status_and_in_the_timeline(
     migration = [e for e in events if e["kind"] == "migration"]
     assert [e["action"] for e in migration] == ["started", "ok"]
     assert all(e["kernel_id"] == kernel and e["target"] == free and e["reason"] == "request" for e in migration)
+    assert all(e["replica_id"] == moving["replica_id"] for e in migration)  # the id the REST API and CLI use
     # Another user sees that a replica moved, not whose kernel it was.
     theirs = requests.get(
         ops_up.url + "/api/notebookos/events?since=0", headers={"Authorization": f"token {ALICE}"}, timeout=30
@@ -327,3 +328,5 @@ def test_help_shows_the_defaults(notebookos: Callable[..., Run]) -> None:
     up = notebookos("up", "--help").stdout
     assert "(default: 4)" in up and "(default: 8888)" in up
     assert "--host" in notebookos("migrate", "--help").stdout
+    both = notebookos("status", "--json", "--watch")
+    assert both.returncode == 2 and "--json and --watch do not go together" in both.stderr

@@ -54,11 +54,13 @@ class MigrationRunner:
             "started_at": time.time(),
         }
         platform.log.info("scheduler: %s", plan)
+        replica_id = record.router_id(plan.replica_id) if record is not None else str(plan.replica_id)
         platform.events.record(
             "migration",
             "started",
-            f"replica {plan.replica_id} of kernel {plan.kernel_id}: {plan.source} -> {plan.target} ({plan.trigger})",
+            f"replica {replica_id} of kernel {plan.kernel_id}: {plan.source} -> {plan.target} ({plan.trigger})",
             kernel_id=plan.kernel_id,
+            replica_id=replica_id,
             migration_id=plan.migration_id,
             source=plan.source,
             target=plan.target,
@@ -96,6 +98,7 @@ class MigrationRunner:
             outcome,
             f"{decision} ({seconds:.2f} s)",
             kernel_id=plan.kernel_id,
+            replica_id=replica_id,
             migration_id=plan.migration_id,
             source=plan.source,
             target=plan.target,
