@@ -194,10 +194,16 @@
   async function refresh() {
     const status = document.getElementById("status");
     try {
-      const [cluster, news] = await Promise.all([
+      const [cluster, fresh] = await Promise.all([
         getJson("api/notebookos/cluster"),
         getJson("api/notebookos/events?since=" + lastEvent),
       ]);
+      let news = fresh;
+      if (news.last < lastEvent) {
+        // The gateway restarted and numbers its events from 1 again: start the timeline over.
+        events.length = 0;
+        news = await getJson("api/notebookos/events?since=0");
+      }
       renderTotals(cluster);
       renderHosts(cluster);
       renderQueue(cluster);
