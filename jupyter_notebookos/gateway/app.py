@@ -379,7 +379,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
 
     def _create_request_handlers(self) -> list[tuple]:
         """EG's handlers, with our API first and EG's channels handler replaced by ours."""
-        ours = [(url_path_join("/", self.base_url, pattern), cls) for pattern, cls in notebookos_handlers()]
+        ours = [(url_path_join("/", self.base_url, pattern), *rest) for pattern, *rest in notebookos_handlers()]
         overrides = {url_path_join("/", self.base_url, p): cls for p, cls in handler_overrides()}
         handlers: list[tuple] = []
         for pattern, *rest in super()._create_request_handlers():

@@ -21,6 +21,7 @@ from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.coordination.quarantine import quarantine
 from jupyter_notebookos.gateway.access import KernelAccess, KernelAccessManager, ensure_etcd_auth, replica_env
 from jupyter_notebookos.gateway.autoscaler import Autoscaler
+from jupyter_notebookos.gateway.events import EventLog
 from jupyter_notebookos.gateway.ledger import LedgerReleases
 from jupyter_notebookos.gateway.metrics import PlatformMetrics
 from jupyter_notebookos.gateway.migration import MigrationRunner
@@ -164,6 +165,7 @@ class GatewayPlatform:
         self.reconciler: LedgerReconciler | None = None
         self.log = log
         self.metrics = PlatformMetrics()
+        self.events = EventLog()  # migrations, scaling, hosts: the dashboard's timeline
         real = nvml_devices()
         self.hosts = {
             name: HostRecord(name, host_devices(name, gpus_per_host, real=real))
@@ -691,6 +693,7 @@ class GatewayPlatform:
         ``simulated=False``: a real machine whose GPUs its replicas bind (a Kubernetes GPU node)."""
         host = HostRecord(name, host_devices(name, gpus, real=[]))
         self.hosts[name] = host
+        self.events.record("host", "added", f"host {name} joined with {gpus} GPU(s)", host=name, gpus=gpus)
         self._log_decision(
             self.scheduler.add_host(
                 HostSpec(name, gpus, tuple(d.index for d in host.devices), simulated), now=self.now()
@@ -709,6 +712,7 @@ class GatewayPlatform:
         decision = self.scheduler.remove_host(name, now=self.now())
         self._log_decision(decision)
         self.hosts.pop(name, None)
+        self.events.record("host", "removed", f"host {name} left: {decision}", host=name)
         for lost in getattr(decision, "lost", ()):
             record = self.kernels.get(lost.replica.kernel_id)
             if record is None:
@@ -793,7 +797,7 @@ class GatewayPlatform:
         if self.autoscaler is not None:  # kernels this cell stranded move now, off its critical path
             self.autoscaler.start_moves(self.scheduler.prepare_moves(self.now()))
         await self._wait_up_to_date(request, grant, changed)
-        self.metrics.queued_ms.observe((time.monotonic() - request.arrived) * 1000.0)
+        self.metrics.queued_seconds.observe(time.monotonic() - request.arrived)
         return grant
 
     async def _migrate_for(
