@@ -4,7 +4,9 @@ Several kernels run a deterministic workload while a seeded schedule injects fau
 replicas, SIGKILL of the executor in the middle of a cell, SIGSTOP of the etcd leader, SIGKILL of an etcd member
 (leader or not; `notebookos up` starts it again), SIGKILL of the gateway (`notebookos up` starts it again and it
 re-attaches to the running kernels; clients reconnect, as Lab does), and the object store made read-only for a few
-seconds. Every reply is recorded; the checker then holds the history against each kernel's final state:
+seconds, and (as root, the hosts being network namespaces) a host partitioned from etcd, the gateway and the other
+hosts for a few seconds. Every reply is recorded; the checker then holds the history against each kernel's final
+state:
 
 - cell ``k`` of a kernel runs ``time.sleep(s); log.append(k); len(log)``. The final ``log`` holds each cell at
   most once, in order; an ``ok`` reply's ``len(log)`` is exactly its cell's position in the final log
@@ -36,6 +38,7 @@ import websocket
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
 from jupyter_notebookos.embedded.platform import RUNTIME_FILE
 from jupyter_notebookos.embedded.runner import PlatformProcess, processes_of
+from jupyter_notebookos.launchers.hostnet import HostNetwork
 
 KERNEL = "python3-notebookos"
 FAULTS = (
@@ -46,7 +49,10 @@ FAULTS = (
     "kill-etcd-member",
     "kill-gateway",
     "read-only-store",
+    "partition-host",
 )
+#: Faults that need the simulated hosts to be network namespaces (root; `notebookos up --host-network netns`).
+NETNS_FAULTS = ("partition-host",)
 #: What a client meets when the gateway dies under it (the websocket or the HTTP connection breaks).
 CONNECTION_LOST = (OSError, websocket.WebSocketException)
 
@@ -126,7 +132,9 @@ class ChaosRun:
         unknown = set(faults) - set(FAULTS)
         if unknown:
             raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
-        self.faults = faults
+        # Partitions need network namespaces: without root the schedule draws from the other faults.
+        self.netns = HostNetwork.unavailable() is None
+        self.faults = faults if self.netns else tuple(f for f in faults if f not in NETNS_FAULTS)
         self.state_dir = state_dir
         self.seed = seed
         self.rng = random.Random(seed)  # the fault schedule; each workload thread has its own
@@ -143,6 +151,7 @@ class ChaosRun:
             self.state_dir,
             "--hosts", "4", "--gpus-per-host", "2", "--etcd-members", "3",
             "--gateway-option", "NotebookOSGatewayApp.ledger_reconcile_interval=2",
+            "--host-network", "netns" if self.netns else "shared",
             cwd=Path(__file__).resolve().parents[2],
         )  # fmt: skip
         self._platform = platform
@@ -340,3 +349,15 @@ class ChaosRun:
             with contextlib.suppress(OSError):
                 path.chmod(mode)
         return f"object store read-only for {pause:.1f} s ({len(modes)} directories)"
+
+    def _partition_host(self, client: GatewayClient, kernel_id: str) -> str:
+        """One host of the kernel's replicas cut off from etcd, the gateway and the other hosts for 2 to 8 s."""
+        host = self.rng.choice(sorted({r["host"] for r in self._replicas(client, kernel_id)}))
+        network = HostNetwork.for_state_dir(self.state_dir)
+        network.partition(host)
+        pause = self.rng.uniform(2, 8)
+        try:
+            time.sleep(pause)
+        finally:
+            network.heal(host)
+        return f"partition of {host} for {pause:.1f} s"
