@@ -211,6 +211,8 @@ class ReplicaKernel(IPythonKernel):
             self.lost_changes.add(record.seq, list(record.unserializable), "the object store refused them")
         elif record.kind == "lost":
             self.lost_changes.add(record.seq, [*record.names, *record.deleted], "its replica stopped first")
+        elif record.kind == "malformed":
+            self.lost_changes.add_unreadable(record.seq)
         else:
             self.lost_changes.forget_before(record.seq)
         if record.kind == "delta":
