@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -103,6 +104,13 @@ def _gateway_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", type=Path, default=Path(".state"), help="state dir of `notebookos up`")
 
 
+def _etcd_duration(text: str) -> str:
+    """A duration as etcd's --auto-compaction-retention takes it: a number and s, m or h (e.g. 10m)."""
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?[smh]", text) or float(text[:-1]) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90s, 10m or 1h")
+    return text
+
+
 def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     """The argument parser of every subcommand. ``simulate_options=False`` leaves out ``simulate``'s options,
     whose module loads the simulator (numpy, the scheduler): a second or more that `status` need not wait."""
@@ -132,6 +140,13 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     lab.add_argument("--lab-port", type=_port, default=8889, help="JupyterLab port")
     lab.add_argument("--no-lab", action="store_true", help="do not start JupyterLab")
     up.add_argument("--etcd-members", type=int, choices=(1, 3), default=1, help="etcd cluster size (1 or 3)")
+    up.add_argument(
+        "--etcd-history",
+        type=_etcd_duration,
+        default="10m",
+        help="how long etcd keeps its history of changes before compacting it (e.g. 10m, 1h; watches resume "
+        "only within it)",
+    )
     up.add_argument(
         "--host-network",
         choices=("shared", "netns"),
@@ -262,6 +277,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         lab_port=args.lab_port,
         lab=not args.no_lab,
         etcd_members=args.etcd_members,
+        etcd_history=args.etcd_history,
         state_dir=args.state_dir,
         notebook_dir=args.notebook_dir,
         autoscale=args.autoscale,

@@ -254,6 +254,8 @@ class EtcdCluster:
         quota_backend_bytes: the database size at which etcd refuses writes (its NOSPACE alarm).
         extra_client_ips: addresses besides loopback where members also take clients, on the same ports (the
             bridge of simulated hosts that are network namespaces).
+        compaction_retention: how long etcd keeps the history of changes (``--auto-compaction-retention``,
+            e.g. ``10m``); watches can resume only within it.
 
     Raises (from the constructor):
         EtcdBinaryMissing: no etcd binary was found.
@@ -271,6 +273,7 @@ class EtcdCluster:
         stop_timeout: float = 5.0,
         quota_backend_bytes: int = QUOTA_BACKEND_BYTES,
         extra_client_ips: Sequence[str] = (),
+        compaction_retention: str = AUTO_COMPACTION_RETENTION,
     ) -> None:
         if members not in (1, 3):
             raise ValueError(f"an embedded etcd cluster has 1 or 3 members, not {members}")
@@ -281,6 +284,7 @@ class EtcdCluster:
         self.heartbeat_ms = heartbeat_ms
         self.quota_backend_bytes = quota_backend_bytes
         self.extra_client_ips = list(extra_client_ips)
+        self.compaction_retention = compaction_retention
         self.election_ms = election_ms
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
@@ -502,11 +506,11 @@ class EtcdCluster:
             # Auth passwords are random 256-bit secrets (see coordination.auth): bcrypt's cost adds no strength,
             # and every change of users (a kernel started or stopped) makes every client log in again.
             "--bcrypt-cost", "4",
-            # Bounded growth: history older than AUTO_COMPACTION_RETENTION is compacted away (watches resume within
+            # Bounded growth: history older than compaction_retention is compacted away (watches resume within
             # it: replicas ride out etcd outages far shorter), and writes fail clearly at the quota instead of
             # filling the disk.
             "--auto-compaction-mode", "periodic",
-            "--auto-compaction-retention", AUTO_COMPACTION_RETENTION,
+            "--auto-compaction-retention", self.compaction_retention,
             "--quota-backend-bytes", str(self.quota_backend_bytes),
             "--logger", "zap",
             "--log-outputs", "stderr",

@@ -61,6 +61,7 @@ class UpOptions:
     hub_port: int = 8000
     users: list[str] = field(default_factory=lambda: ["alice", "bob"])
     cull_idle_servers: float = 0.0  # seconds; 0: no jupyterhub-idle-culler
+    etcd_history: str = "10m"  # etcd's auto-compaction retention
     host_network: str = "shared"  # or "netns": each simulated host a network namespace (launchers/hostnet.py)
 
 
@@ -207,7 +208,12 @@ class EmbeddedPlatform:
                 f"hosts: network namespaces on bridge {self.host_network.bridge} ({self.host_network.subnet})"
             )
         try:
-            self.etcd = EtcdCluster(self.state_dir / "etcd", members=opts.etcd_members, extra_client_ips=extra_ips)
+            self.etcd = EtcdCluster(
+                self.state_dir / "etcd",
+                members=opts.etcd_members,
+                extra_client_ips=extra_ips,
+                compaction_retention=opts.etcd_history,
+            )
             self.console.print(f"etcd: starting a {self.etcd.description}")
             self.etcd.start()
         except EtcdClusterError as err:
