@@ -184,6 +184,15 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         "lease) may take to register again, keeping its memory, before it is replaced. 0: replace at once.",
     )
 
+    gpu_sticky = Bool(
+        False,
+        config=True,
+        help="Replicas keep their GPU state (tensors, models) on the device between cells instead of copying it to "
+        "host memory after every cell and back before the next; it moves off only when the scheduler gives that GPU "
+        "to another replica (the new cell's queued time includes the move). Each reply's metadata.notebookos."
+        "resident names the devices kept.",
+    )
+
     ledger_reconcile_interval = Float(
         DEFAULT_RECONCILE_INTERVAL,
         config=True,
@@ -308,6 +317,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         self.platform.etcd_tls = self.etcd_tls()
         self.platform.rejoin_grace = self.replica_rejoin_grace
         self.platform.reconcile_interval = self.ledger_reconcile_interval
+        self.platform.gpu_sticky = self.gpu_sticky
 
     def _init_kubernetes(self, scheduler: Scheduler) -> None:
         """Replica pods, GPU nodes as hosts, placeholder pods for scaling (the helm chart's deployment)."""
@@ -340,6 +350,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         self.platform.etcd_tls = self.etcd_tls()
         self.platform.rejoin_grace = self.replica_rejoin_grace
         self.platform.reconcile_interval = self.ledger_reconcile_interval
+        self.platform.gpu_sticky = self.gpu_sticky
         self.node_hosts = NodeHosts(self.platform, inventory, placeholders)
 
     async def start_platform(self) -> None:

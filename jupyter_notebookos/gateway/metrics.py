@@ -80,6 +80,19 @@ class PlatformMetrics:
             buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
             registry=self.registry,
         )
+        self.gpu_evictions = Counter(
+            "notebookos_gpu_evictions_total",
+            "GPU state moved off a device to host memory because the GPU was given to another replica (sticky GPUs), "
+            "by outcome (ok, or failed: the replica did not answer or could not move it)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.gpu_eviction_seconds = Histogram(
+            "notebookos_gpu_eviction_seconds",
+            "Seconds one eviction took (part of the waiting cell's queued time)",
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60),
+            registry=self.registry,
+        )
         self.scaling_events = Counter(
             "notebookos_scaling_events_total",
             "Autoscaler actions, by direction (out: a host added, in: a host removed)",

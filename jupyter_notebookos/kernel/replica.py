@@ -588,6 +588,8 @@ class ReplicaKernel(IPythonKernel):
             "gpus": list(cell.directive.gpus) if cell else [],
             "seq": cell.directive.seq if cell else None,
         }
+        if self.gpus.resident:
+            info["resident"] = self.gpus.resident  # sticky: the state stays on these devices until evicted
         if cell is not None and cell.pending is not None and cell.pending.unserializable:
             info["unserializable"] = cell.pending.unserializable
         if cell is not None and cell.pending is not None and (cell.pending.names or cell.pending.deleted):
