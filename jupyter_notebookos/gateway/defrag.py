@@ -13,7 +13,6 @@ operator. A round returns an :class:`EtcdMaintenanceRound` that logs as one line
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -24,6 +23,7 @@ from traitlets.config import LoggingConfigurable
 
 from jupyter_notebookos.coordination.client import Coordinator, EtcdMemberInfo
 from jupyter_notebookos.coordination.errors import CoordinationError
+from jupyter_notebookos.gateway.rounds import PeriodicRounds, RoundOutcome
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class EtcdMaintenanceRound:
 MemberConnector = Callable[[str], Awaitable[Coordinator]]
 
 
-class EtcdMaintenance(LoggingConfigurable):
+class EtcdMaintenance(PeriodicRounds, LoggingConfigurable):
     """Defragments etcd's members when their database file is mostly free space, and recovers a full etcd."""
 
     interval = Float(
@@ -107,6 +107,8 @@ class EtcdMaintenance(LoggingConfigurable):
         config=True,
         help="... and at least this many bytes of it (small files are not worth a pause of the member).",
     )
+    activity = "etcd maintenance"
+
     defragment_timeout = Float(
         120.0,
         config=True,
@@ -121,32 +123,10 @@ class EtcdMaintenance(LoggingConfigurable):
         super().__init__(**kwargs)
         self.coordinator = coordinator
         self.connect_member = connect_member
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        """Run a round every ``interval`` seconds (nothing when ``interval`` is 0)."""
-        if self._task is None and self.interval > 0:
-            self._task = asyncio.ensure_future(self._loop())
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                outcome = await self.run_round()
-            except CoordinationError as err:
-                log.warning("etcd maintenance: etcd refused (next round in %.0f s): %s", self.interval, err)
-                continue
-            except Exception:  # the loop must outlive any one failure
-                log.exception("etcd maintenance failed")
-                continue
-            (log.warning if outcome.acted or outcome.unreachable else log.debug)("%s", outcome)
+    def worth_telling(self, outcome: RoundOutcome) -> bool:
+        """A member that did not answer is worth a warning even when nothing was done."""
+        return outcome.acted or (isinstance(outcome, EtcdMaintenanceRound) and bool(outcome.unreachable))
 
     def wants_defragment(self, member: MemberSize) -> bool:
         """Whether ``member``'s file holds enough free space to be worth defragmenting."""

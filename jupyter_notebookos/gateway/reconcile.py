@@ -12,22 +12,18 @@ entry outlives its cell by more than two rounds (plus one etcd call); entries wh
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.coordination.kv import KeyValue
 from jupyter_notebookos.coordination.quarantine import quarantine
 from jupyter_notebookos.coordination.txn import Compare, Op
+from jupyter_notebookos.gateway.rounds import PeriodicRounds
 
 if TYPE_CHECKING:
     from jupyter_notebookos.gateway.platform import GatewayPlatform
 
-log = logging.getLogger(__name__)
 
 #: Seconds between two rounds (the default of ``NotebookOSGatewayApp.ledger_reconcile_interval``).
 DEFAULT_RECONCILE_INTERVAL = 10.0
@@ -60,39 +56,16 @@ class ReconcileRound:
         return "ledger reconciled: " + "; ".join(parts)
 
 
-class LedgerReconciler:
+class LedgerReconciler(PeriodicRounds):
     """Runs :meth:`run_round` every ``interval`` seconds while the platform runs."""
+
+    activity = "reconciling the GPU ledger"
 
     def __init__(self, platform: GatewayPlatform, interval: float = DEFAULT_RECONCILE_INTERVAL) -> None:
         self.platform = platform
         self.interval = interval
         self._suspect_entries: dict[str, int] = {}  # key -> mod_revision when first seen without a live cell
         self._suspect_cells: set[tuple[str, str]] = set()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        if self._task is None and self.interval > 0:
-            self._task = asyncio.ensure_future(self._loop())
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                outcome = await self.run_round()
-            except CoordinationError as err:
-                log.warning("reconciling the GPU ledger: etcd refused (next round in %.0f s): %s", self.interval, err)
-                continue
-            except Exception:  # the loop must outlive any one failure
-                log.exception("reconciling the GPU ledger failed")
-                continue
-            (log.warning if outcome.acted else log.debug)("%s", outcome)
 
     def live_cells(self) -> set[tuple[str, str]]:
         """(kernel, msg_id) of every cell a router holds: running, waiting for GPUs, or adopted."""
