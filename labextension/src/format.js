@@ -31,6 +31,11 @@ export function gpus(n) {
   return n === 1 ? '1 GPU' : `${n} GPUs`;
 }
 
+/** A replica's name as users read it: "r0" for replica 0 (ids that are not numbers stay as they are). */
+export function replicaName(id) {
+  return /^\d+$/.test(String(id)) ? `r${id}` : String(id);
+}
+
 /** The waiting notice's sentence, from the router's application/vnd.notebookos.wait+json payload. */
 export function waitSentence(wait) {
   const parts = [`waiting for ${gpus(wait.gpus)}`];
@@ -47,7 +52,7 @@ export function waitSentence(wait) {
 export function footerLine(info) {
   const devices = Array.isArray(info.gpus) ? info.gpus : [];
   const used = devices.length ? `${gpus(devices.length)} (${devices.join(', ')})` : 'no GPU';
-  const where = `${info.replica ?? '?'} on ${info.host ?? '?'}`;
+  const where = `replica ${replicaName(info.replica ?? '?')} on ${info.host ?? '?'}`;
   const parts = [used, where, `queued ${duration(Number(info.queued_ms) || 0)}`];
   if (Number(info.attempt) > 1) {
     parts.push(`attempt ${info.attempt}`);

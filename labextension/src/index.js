@@ -15,7 +15,7 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { footerLine, duration } from './format';
+import { duration, footerLine, replicaName } from './format';
 
 /** How often the kernel item asks the server while a NotebookOS kernel is shown (and after each reply). */
 const POLL_MS = 2000;
@@ -116,7 +116,7 @@ function replicaChip(replica, executor, newest) {
   chip.className = 'jp-nbos-replica';
   const upToDate = replica.state === 'ready' && replica.applied_seq >= newest;
   const mark = replica.state !== 'ready' ? '○' : upToDate ? '✓' : '…';
-  chip.textContent = `${replica.replica_id} ${replica.host} ${mark}`;
+  chip.textContent = `${replicaName(replica.replica_id)} ${replica.host} ${mark}`;
   chip.dataset.replica = replica.replica_id;
   chip.dataset.host = replica.host;
   chip.dataset.state = replica.state;
@@ -181,7 +181,7 @@ class KernelStatus extends Widget {
     const replicas = summary.replicas.map((r) => replicaChip(r, summary.executor, newest));
     const executor = document.createElement('span');
     executor.className = 'jp-nbos-executor';
-    executor.textContent = `executor ${summary.executor ?? '–'}`;
+    executor.textContent = `executor ${summary.executor == null ? '–' : replicaName(summary.executor)}`;
     const economy = document.createElement('span');
     economy.className = 'jp-nbos-gpu-seconds';
     const used = summary.gpu_seconds_used;
@@ -227,7 +227,9 @@ const plugin = {
       }
       // Notebook 7 has no status bar: the item goes in the notebook's own toolbar.
       const item = new KernelStatus(() => panel);
-      panel.toolbar.addItem('notebookos-kernel', item);
+      if (!panel.toolbar.insertAfter('spacer', 'notebookos-kernel', item)) {
+        panel.toolbar.addItem('notebookos-kernel', item);
+      }
       panel.disposed.connect(() => item.dispose());
       watchPanel(panel, () => item.refresh());
     });

@@ -236,7 +236,7 @@ def test_cell_footer_and_status_bar_show_where_the_cell_ran(page: Browser, clien
     footer = state["footer"]
     assert (footer["replica"], footer["host"]) == (meta["replica"], meta["host"])
     assert float(footer["queuedMs"]) == meta["queued_ms"]
-    assert f"{meta['replica']} on {meta['host']}" in footer["text"] and "queued" in footer["text"]
+    assert f"replica r{meta['replica']} on {meta['host']}" in footer["text"] and "queued" in footer["text"]
     assert footer["text"].startswith(f"1 GPU ({meta['gpus'][0]})")
 
     summary = client.notebookos_kernel(state["kernelId"])
@@ -247,7 +247,7 @@ def test_cell_footer_and_status_bar_show_where_the_cell_ran(page: Browser, clien
         "the status bar to list the kernel's 3 replicas",
     )
     assert sorted((r["replica"], r["host"]) for r in status["replicas"]) == expected
-    assert f"executor {meta['replica']}" in status["text"] and "GPU·s" in status["text"]
+    assert f"executor r{meta['replica']}" in status["text"] and "GPU·s" in status["text"]
     screenshot(page, "lab-cell-footer-and-status-bar")
 
 
