@@ -100,11 +100,14 @@ class WaitNotice:
 
     async def _run(self) -> None:
         await asyncio.sleep(max(0.0, self.arrived + SHOW_AFTER_S - time.monotonic()))
-        self._send("display_data", self.content())
-        self.shown = True
-        while True:
-            await asyncio.sleep(UPDATE_EVERY_S)
-            self._send("update_display_data", self.content())
+        try:
+            self._send("display_data", self.content())
+            self.shown = True
+            while True:
+                await asyncio.sleep(UPDATE_EVERY_S)
+                self._send("update_display_data", self.content())
+        except zmq.ZMQError:
+            return  # the router is closing its sockets: no client will see the cell again
 
     def clear(self) -> None:
         """The wait is over (the cell starts, was interrupted or rejected): stop updating, remove the notice."""

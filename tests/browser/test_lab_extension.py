@@ -227,11 +227,10 @@ def cell_state(browser: Browser, index: int) -> dict[str, Any]:
 def test_cell_footer_and_status_bar_show_where_the_cell_ran(page: Browser, client: GatewayClient) -> None:
     index = run_cell(page, "print(6 * 7)")
     state = wait_until(
-        lambda: (s := cell_state(page, index))["footer"] and s["reply"] and s,
+        lambda: (s := cell_state(page, index))["footer"] and s["reply"] and "42" in s["outputs"] and s,
         30,
-        "the cell's footer",
+        "the cell's output and footer",
     )
-    assert "42" in state["outputs"]
     meta = state["reply"]["notebookos"]
     footer = state["footer"]
     assert (footer["replica"], footer["host"]) == (meta["replica"], meta["host"])
@@ -267,7 +266,9 @@ def test_a_cell_waiting_for_gpus_shows_the_notice_then_its_output(
         assert state["outputs"] == [state["notice"]], "the notice is the cell's only output while it waits"
         screenshot(page, "lab-cell-waiting-for-gpus")
         host = release_one()
-        state = wait_until(lambda: (s := cell_state(page, index))["footer"] and s, 30, "the cell to run")
+        state = wait_until(
+            lambda: (s := cell_state(page, index))["footer"] and "my turn" in s["outputs"] and s, 30, "the cell to run"
+        )
     assert state["outputs"] == ["my turn"] and state["notice"] is None
     assert state["footer"]["host"] == host and float(state["footer"]["queuedMs"]) > 1000
     screenshot(page, "lab-cell-after-waiting")
@@ -281,8 +282,11 @@ def test_notebook7_shows_the_footer_and_the_kernel_item(page: Browser, lab: Serv
     driver.get(f"{lab.url}/notebooks/{path}?token={lab.token}")
     assert driver.execute_async_script(_WAIT_FOR_NOTEBOOK7) is True
     index = run_cell(page, "print('in notebook 7')")
-    state = wait_until(lambda: (s := cell_state(page, index))["footer"] and s, 30, "the footer in Notebook 7")
-    assert "in notebook 7" in state["outputs"]
+    state = wait_until(
+        lambda: (s := cell_state(page, index))["footer"] and "in notebook 7" in s["outputs"] and s,
+        30,
+        "the output and footer in Notebook 7",
+    )
     assert state["footer"]["replica"] == state["reply"]["notebookos"]["replica"]
     status = wait_until(
         lambda: (s := driver.execute_script(_STATUS_ITEM)) and len(s["replicas"]) == 3 and s,
