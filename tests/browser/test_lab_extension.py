@@ -14,14 +14,14 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
-from lab_stack import REPO, Browser, Service, missing_browser_tools, start_browser, start_gateway
+from lab_stack import REPO, Browser, Service, missing_browser_tools, start_browser, start_gateway, start_lab
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionComplete
 
@@ -109,8 +109,49 @@ def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: fl
 
 
 @pytest.fixture(scope="module")
-def kernels(client: GatewayClient, workdir: Path) -> Iterator[tuple[Blockers, KernelConnection]]:
-    """Three blocker kernels and one more whose cells the tests make wait, started in parallel."""
+def lab_and_page(workdir: Path, notebookos_gateway: Service) -> Iterator[Future[tuple[Service, Browser] | str]]:
+    """JupyterLab and one Chromium with Lab open on a new NotebookOS notebook, started in the background (while
+    the kernels start): a future of both, or of the reason they cannot run here."""
+
+    def start() -> tuple[Service, Browser] | str:
+        reason = missing_browser_tools()
+        if reason:
+            return reason
+        lab = start_lab(workdir, notebookos_gateway)
+        try:
+            chromium = start_browser(workdir / "chromium")
+        except BaseException:
+            lab.stop()
+            raise
+        try:
+            driver: Any = chromium.driver
+            driver.get(f"{lab.url}/lab/workspaces/nbos-ext?reset&token={lab.token}")
+            assert driver.execute_async_script(_WAIT_FOR_LAB) is True
+            assert driver.execute_async_script(_OPEN_NOTEBOOK, KERNEL) is True
+        except BaseException:
+            chromium.quit()
+            lab.stop()
+            raise
+        return lab, chromium
+
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(start)
+        try:
+            yield future
+        finally:
+            with contextlib.suppress(BaseException):
+                started = future.result()
+                if not isinstance(started, str):
+                    started[1].quit()
+                    started[0].stop()
+
+
+@pytest.fixture(scope="module")
+def kernels(
+    client: GatewayClient, workdir: Path, lab_and_page: Future[tuple[Service, Browser] | str]
+) -> Iterator[tuple[Blockers, KernelConnection]]:
+    """Three blocker kernels and one more whose cells the tests make wait, started in parallel (and while
+    JupyterLab starts)."""
     with ThreadPoolExecutor(4) as pool:
         ids = list(pool.map(lambda _: client.start_kernel(KERNEL), range(HOSTS + 1)))
     conns = [client.connect(kernel_id) for kernel_id in ids]
@@ -189,20 +230,21 @@ def test_a_waiting_cell_gets_a_live_notice_cleared_before_its_output(
 
 
 @pytest.fixture(scope="module")
-def page(lab: Service, workdir: Path) -> Iterator[Browser]:
-    """One Chromium for the module, with JupyterLab open on a new NotebookOS notebook."""
-    reason = missing_browser_tools()
-    if reason:
-        pytest.skip(reason)
-    chromium = start_browser(workdir / "chromium")
-    try:
-        driver: Any = chromium.driver
-        driver.get(f"{lab.url}/lab/workspaces/nbos-ext?reset&token={lab.token}")
-        assert driver.execute_async_script(_WAIT_FOR_LAB) is True
-        assert driver.execute_async_script(_OPEN_NOTEBOOK, KERNEL) is True
-        yield chromium
-    finally:
-        chromium.quit()
+def lab(lab_and_page: Future[tuple[Service, Browser] | str]) -> Service:
+    """JupyterLab from .venv-lab on this module's gateway (overrides conftest's: it starts in the background)."""
+    started = lab_and_page.result()
+    if isinstance(started, str):
+        pytest.skip(started)
+    return started[0]
+
+
+@pytest.fixture(scope="module")
+def page(lab_and_page: Future[tuple[Service, Browser] | str]) -> Browser:
+    """The module's Chromium, with JupyterLab open on a new NotebookOS notebook."""
+    started = lab_and_page.result()
+    if isinstance(started, str):
+        pytest.skip(started)
+    return started[1]
 
 
 def screenshot(browser: Browser, name: str) -> None:
@@ -240,13 +282,18 @@ def test_cell_footer_and_status_bar_show_where_the_cell_ran(page: Browser, clien
 
     summary = client.notebookos_kernel(state["kernelId"])
     expected = sorted((r["replica_id"], r["host"]) for r in summary["replicas"])
-    status = wait_until(
-        lambda: (s := page.driver.execute_script(_STATUS_ITEM)) and len(s["replicas"]) == 3 and s,  # type: ignore[attr-defined]
-        15,
-        "the status bar to list the kernel's 3 replicas",
-    )
+    executor = f"executor r{meta['replica']}"
+
+    def item() -> dict[str, Any] | None:
+        shown: dict[str, Any] | None = page.driver.execute_script(_STATUS_ITEM)  # type: ignore[attr-defined]
+        if not shown or len(shown["replicas"]) != 3 or executor not in shown["text"]:
+            return None
+        # Followers apply the cell's state record shortly after the reply: then all three are up to date.
+        return shown if all(r["upToDate"] == "true" for r in shown["replicas"]) else None
+
+    status = wait_until(item, 20, f"the status bar to list 3 replicas, all up to date, and {executor}")
     assert sorted((r["replica"], r["host"]) for r in status["replicas"]) == expected
-    assert f"executor r{meta['replica']}" in status["text"] and "GPU·s" in status["text"]
+    assert "GPU·s" in status["text"]
     screenshot(page, "lab-cell-footer-and-status-bar")
 
 
