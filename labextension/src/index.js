@@ -3,7 +3,7 @@
  *
  * - Under each executed cell, a footer line from execute_reply.metadata.notebookos: GPUs used, replica and
  *   host, queued time.
- * - A kernel item (the status bar in Lab; the notebook toolbar in Notebook 7, which has no status bar): the
+ * - A kernel item (the status bar in Lab; the top bar in Notebook 7, which has no status bar): the
  *   kernel's replicas (host, state, up to date), its executor, GPU-seconds used vs what a reservation would
  *   have held. It reads GET /notebookos/kernels/{id} on the Jupyter server, which this package's server
  *   extension forwards to the gateway's /api/notebookos/kernels/{id}.
@@ -207,11 +207,9 @@ const plugin = {
   requires: [INotebookTracker],
   optional: [IStatusBar],
   activate: (app, tracker, statusBar) => {
-    let refreshAll = () => undefined;
+    const item = new KernelStatus(() => tracker.currentWidget);
+    tracker.currentChanged.connect(() => item.refresh());
     if (statusBar) {
-      const item = new KernelStatus(() => tracker.currentWidget);
-      tracker.currentChanged.connect(() => item.refresh());
-      refreshAll = () => item.refresh();
       statusBar.registerStatusItem('jupyter-notebookos-lab:kernel', {
         item,
         align: 'left',
@@ -219,20 +217,12 @@ const plugin = {
         isActive: () => item.summary !== null,
         activeStateChanged: item.activeChanged
       });
+    } else {
+      // Notebook 7 has no status bar: the item goes in its top bar, beside the notebook's name (one notebook
+      // per page there, so the tracker's current notebook is the page's).
+      app.shell.add(item, 'top', { rank: 1000 });
     }
-    tracker.widgetAdded.connect((_, panel) => {
-      if (statusBar) {
-        watchPanel(panel, () => refreshAll());
-        return;
-      }
-      // Notebook 7 has no status bar: the item goes in the notebook's own toolbar.
-      const item = new KernelStatus(() => panel);
-      if (!panel.toolbar.insertAfter('spacer', 'notebookos-kernel', item)) {
-        panel.toolbar.addItem('notebookos-kernel', item);
-      }
-      panel.disposed.connect(() => item.dispose());
-      watchPanel(panel, () => item.refresh());
-    });
+    tracker.widgetAdded.connect((_, panel) => watchPanel(panel, () => item.refresh()));
   }
 };
 
