@@ -84,10 +84,14 @@ function watchPanel(panel, onReply) {
   };
   let kernel = null;
   const follow = () => {
+    const current = panel.sessionContext.session ? panel.sessionContext.session.kernel : null;
+    if (current === kernel) {
+      return;
+    }
     if (kernel) {
       kernel.anyMessage.disconnect(onMessage);
     }
-    kernel = panel.sessionContext.session ? panel.sessionContext.session.kernel : null;
+    kernel = current;
     if (kernel) {
       kernel.anyMessage.connect(onMessage);
     }
@@ -99,11 +103,20 @@ function watchPanel(panel, onReply) {
   panel.disposed.connect(() => kernel && kernel.anyMessage.disconnect(onMessage));
 }
 
+/** Kernels the server said are not NotebookOS kernels (404: a plain kernel, or no gateway): not asked again. */
+const notNotebookOS = new Set();
+
 /** GET /notebookos/kernels/{id} on the Jupyter server; null when it is not a NotebookOS kernel. */
 async function fetchKernel(kernelId) {
+  if (notNotebookOS.has(kernelId)) {
+    return null;
+  }
   const settings = ServerConnection.makeSettings();
   const url = URLExt.join(settings.baseUrl, 'notebookos', 'kernels', encodeURIComponent(kernelId));
   const response = await ServerConnection.makeRequest(url, {}, settings);
+  if (response.status === 404) {
+    notNotebookOS.add(kernelId);
+  }
   if (!response.ok) {
     return null;
   }
