@@ -75,7 +75,9 @@ class WaitNotice:
         self.position = position
         self.display_id = f"notebookos-wait-{request.msg_id}"
         self.shown = False
-        self._task: asyncio.Task[None] | None = asyncio.ensure_future(self._run())
+        # A silent request (a front end's or extension's own, e.g. a variable inspector) has no output area.
+        silent = bool(request.content().get("silent"))
+        self._task: asyncio.Task[None] | None = None if silent else asyncio.ensure_future(self._run())
 
     def content(self) -> dict[str, object]:
         """The notice as it is now: both representations, and the transient display id."""

@@ -266,6 +266,7 @@ def cell_state(browser: Browser, index: int) -> dict[str, Any]:
     return state
 
 
+@pytest.mark.browser
 def test_cell_footer_and_status_bar_show_where_the_cell_ran(page: Browser, client: GatewayClient) -> None:
     index = run_cell(page, "print(6 * 7)")
     state = wait_until(
@@ -297,6 +298,7 @@ def test_cell_footer_and_status_bar_show_where_the_cell_ran(page: Browser, clien
     screenshot(page, "lab-cell-footer-and-status-bar")
 
 
+@pytest.mark.browser
 def test_a_cell_waiting_for_gpus_shows_the_notice_then_its_output(
     page: Browser, kernels: tuple[Blockers, KernelConnection]
 ) -> None:
@@ -321,6 +323,7 @@ def test_a_cell_waiting_for_gpus_shows_the_notice_then_its_output(
     screenshot(page, "lab-cell-after-waiting")
 
 
+@pytest.mark.browser
 def test_notebook7_shows_the_footer_and_the_kernel_item(page: Browser, lab: Service) -> None:
     """Notebook 7 (same server, /notebooks/...) has no status bar: the kernel item sits in the toolbar."""
     driver: Any = page.driver
