@@ -96,15 +96,17 @@ class Blockers:
                 self.on_host[host][0].reply(msg_id, timeout=30)
 
 
-def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``check`` until it returns something true; fail saying ``what`` was awaited."""
+def wait_until(
+    check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05, seen: Callable[[], Any] | None = None
+) -> Any:
+    """Poll ``check`` until it returns something true; fail saying ``what`` was awaited (and what ``seen`` says)."""
     deadline = time.monotonic() + timeout
     while True:
         result = check()
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}; seen: {seen() if seen else '-'}")
         time.sleep(interval)
 
 
@@ -305,7 +307,12 @@ def test_a_cell_waiting_for_gpus_shows_the_notice_then_its_output(
     blockers, _ = kernels
     with blockers.holding() as release_one:
         index = run_cell(page, "print('my turn')")
-        first = wait_until(lambda: cell_state(page, index)["notice"], 20, "the waiting notice")
+        first = wait_until(
+            lambda: cell_state(page, index)["notice"],
+            20,
+            "the waiting notice",
+            seen=lambda: (cell_state(page, index), page.driver.execute_script(_DEBUG), blockers.committed()),  # type: ignore[attr-defined]
+        )
         assert first.startswith("waiting for 1 GPU, 1st in queue, ")
         # Live: the router updates it (the seconds count up) while the cell waits.
         state = wait_until(
@@ -456,5 +463,16 @@ if (!item || !item.innerText.trim()) return null;
 return {
   text: item.innerText.trim(),
   replicas: Array.from(item.querySelectorAll('.jp-nbos-replica')).map((e) => ({...e.dataset})),
+};
+"""
+
+# What the notebook looks like, for a failure message.
+_DEBUG = """
+const panel = window.__nbosPanel;
+return {
+  requests: window.__nbosRequests, replies: Object.keys(window.__nbosReplies || {}),
+  status: panel.sessionContext.kernelDisplayStatus,
+  cells: panel.content.widgets.map((c) => [c.model.sharedModel.getSource(), c.model.executionCount, c.model.id]),
+  outputs: panel.content.widgets.map((c) => (c.node.querySelector('.jp-OutputArea') || {}).innerHTML),
 };
 """
