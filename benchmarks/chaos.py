@@ -1,7 +1,7 @@
 """Chaos benchmark (issue 12): a long seeded fault schedule against several kernels, then the history checker.
 Prints the faults injected, the cells acknowledged and the anomalies found (see tests/chaos/harness.py).
 
-    .venv/bin/python benchmarks/chaos.py [--seconds 240] [--kernels 3] [--seed 1] [--fault-every 5]
+    .venv/bin/python benchmarks/chaos.py [--seconds 240] [--kernels 3] [--seed 1] [--fault-every 5] [--faults a,b]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.chaos.harness import ChaosRun  # noqa: E402
+from tests.chaos.harness import FAULTS, ChaosRun  # noqa: E402
 
 
 def main() -> None:
@@ -23,11 +23,22 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--fault-every", type=float, default=5)
+    parser.add_argument(
+        "--faults", default=",".join(FAULTS), help="comma-separated fault kinds to draw from (default: all)"
+    )
     args = parser.parse_args()
+    faults = tuple(f for f in args.faults.split(",") if f)
+    if set(faults) - set(FAULTS):
+        parser.error(f"unknown faults {sorted(set(faults) - set(FAULTS))}; known: {', '.join(FAULTS)}")
     with tempfile.TemporaryDirectory(prefix="nbos-chaos-") as tmp:
         state = Path(tmp) / "state"
         report = ChaosRun(
-            state, seed=args.seed, kernels=args.kernels, seconds=args.seconds, fault_every=args.fault_every
+            state,
+            seed=args.seed,
+            kernels=args.kernels,
+            seconds=args.seconds,
+            fault_every=args.fault_every,
+            faults=faults,
         ).run()
     print("faults injected:")
     for fault in report.faults:

@@ -3,7 +3,11 @@
 etcd's database size and revision, the keys under the kernel's etcd prefix (log records, cell records), the GPU-ledger
 entries, and the size of the kernel's object-store prefix. The first sample is the baseline of the same run.
 
-    .venv/bin/python benchmarks/soak.py [--cells N] [--quick]
+etcd keeps its history for --etcd-history (default 1m here, 10m in `notebookos up`) and the gateway's maintenance
+checks for free space every 20 s (defragmenting past 1 MiB free), so a run of a few minutes shows the steady state
+that production reaches after its retention: etcd's file size should level off, not grow with the cells.
+
+    .venv/bin/python benchmarks/soak.py [--cells N] [--quick] [--etcd-history 1m]
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ def sample(state_dir: Path, kernel_id: str) -> dict[str, Any]:
             log = [kv for kv in kernel_keys if "/log/" in kv.key]
             return {
                 "db_bytes": status["db_size"],
+                "db_in_use": status["db_size_in_use"],
                 "revision": status["revision"],
                 "kernel_keys": len(kernel_keys),
                 "log_records": len(log),
@@ -62,18 +67,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=10_000)
     parser.add_argument("--quick", action="store_true", help="2,000 cells")
+    parser.add_argument("--etcd-history", default="1m", help="etcd's auto-compaction retention for this run")
     args = parser.parse_args()
     cells = 2_000 if args.quick else args.cells
     console = Console()
     with tempfile.TemporaryDirectory(prefix="nbos-soak-") as tmp:
         state = Path(tmp) / "state"
-        platform = PlatformProcess.start(state, "--hosts", "3", "--gpus-per-host", "1", cwd=REPO)
+        platform = PlatformProcess.start(
+            state, "--hosts", "3", "--gpus-per-host", "1", "--etcd-history", args.etcd_history,
+            "--gateway-option", "EtcdMaintenance.interval=20",
+            "--gateway-option", f"EtcdMaintenance.min_free_bytes={1 << 20}",
+            cwd=REPO,
+        )  # fmt: skip
         try:
             client = platform.client
             kernel_id = client.start_kernel(KERNEL, env={"KERNEL_GPUS": "0"})
             table = Table(title=f"Soak: {cells:,} cells on one kernel (first row: the baseline)")
-            for column in ("cells", "cells/s", "etcd DB MB", "revision", "kernel keys", "log records", "ledger",
-                           "store MB"):  # fmt: skip
+            for column in ("cells", "cells/s", "etcd DB MB", "in use MB", "revision", "kernel keys", "log records",
+                           "ledger", "store MB"):  # fmt: skip
                 table.add_column(column, justify="right")
             with client.connect(kernel_id) as conn:
                 conn.execute("import numpy as np\ni = 0")
@@ -95,6 +106,7 @@ def main() -> None:
                             f"{n:,}",
                             f"{rate:.0f}",
                             f"{found['db_bytes'] / 1e6:.1f}",
+                            f"{found['db_in_use'] / 1e6:.1f}",
                             f"{found['revision']:,}",
                             str(found["kernel_keys"]),
                             str(found["log_records"]),

@@ -1,20 +1,19 @@
-"""The ``notebookos`` console script: ``up``, ``status`` and ``simulate``."""
+"""The ``notebookos`` console script: ``up``, ``down``, ``status``, ``migrate`` and ``simulate``.
+
+This module is the command line (options, help, dispatch); :mod:`jupyter_notebookos.commands` does what the
+commands that talk to a running gateway do.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import re
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
 
 from jupyter_notebookos import __version__
+from jupyter_notebookos.commands import ENV_GATEWAY_TOKEN, ENV_GATEWAY_URL, CommandError
 
 
 def _positive_int(text: str) -> int:
@@ -28,6 +27,13 @@ def _non_negative_int(text: str) -> int:
     value = _int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {value:g}")
     return value
 
 
@@ -71,29 +77,84 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand."""
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows each option's default, except where there is none or the help says it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, [], argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def _gateway_arguments(parser: argparse.ArgumentParser) -> None:
+    """--url, --token and --state-dir: which gateway to ask, as jupyter_server's GatewayClient finds it."""
+    env_url = os.environ.get(ENV_GATEWAY_URL)
+    parser.add_argument(
+        "--url",
+        help=f"gateway URL (default: ${ENV_GATEWAY_URL}"
+        + (f" = {env_url}" if env_url else " (unset here)")
+        + ", else the gateway that `notebookos up` in --state-dir started)",
+    )
+    parser.add_argument(
+        "--token",
+        help=f"gateway auth token (default: ${ENV_GATEWAY_TOKEN} or $NOTEBOOKOS_TOKEN, else the token of the "
+        "`notebookos up` in --state-dir when --url is its gateway)",
+    )
+    parser.add_argument("--state-dir", type=Path, default=Path(".state"), help="state dir of `notebookos up`")
+
+
+def _etcd_duration(text: str) -> str:
+    """A duration as etcd's --auto-compaction-retention takes it: a number and s, m or h (e.g. 10m)."""
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?[smh]", text) or float(text[:-1]) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90s, 10m or 1h")
+    return text
+
+
+def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
+    """The argument parser of every subcommand. ``simulate_options=False`` leaves out ``simulate``'s options,
+    whose module loads the simulator (numpy, the scheduler): a second or more that `status` need not wait."""
     parser = argparse.ArgumentParser(
-        prog="notebookos", description="NotebookOS: GPU-efficient replicated notebook kernels."
+        prog="notebookos",
+        description="NotebookOS: GPU-efficient replicated notebook kernels.",
+        formatter_class=_HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"notebookos {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{up,status,simulate}")
+    sub = parser.add_subparsers(dest="command", metavar="{up,down,status,migrate,simulate}")
     sub.required = True
 
-    up = sub.add_parser("up", help="run the embedded platform (etcd, gateway, JupyterLab) in the foreground")
-    up.add_argument("--hosts", type=_positive_int, default=4, help="simulated hosts (default 4)")
+    up = sub.add_parser(
+        "up",
+        help="run the embedded platform (etcd, gateway, JupyterLab) in the foreground",
+        formatter_class=_HelpFormatter,
+    )
+    up.add_argument("--hosts", type=_positive_int, default=4, help="simulated hosts")
     up.add_argument(
         "--gpus-per-host",
         type=_non_negative_int,
         default=8,
-        help="simulated GPUs per host (default 8; real GPUs found by NVML are used instead)",
+        help="simulated GPUs per host (real GPUs found by NVML are used instead)",
     )
-    up.add_argument("--port", type=_port, default=8888, help="gateway port on 127.0.0.1 (default 8888)")
+    up.add_argument("--port", type=_port, default=8888, help="gateway port on 127.0.0.1")
     lab = up.add_mutually_exclusive_group()
-    lab.add_argument("--lab-port", type=_port, default=8889, help="JupyterLab port (default 8889)")
+    lab.add_argument("--lab-port", type=_port, default=8889, help="JupyterLab port")
     lab.add_argument("--no-lab", action="store_true", help="do not start JupyterLab")
     up.add_argument("--etcd-members", type=int, choices=(1, 3), default=1, help="etcd cluster size (1 or 3)")
-    up.add_argument("--state-dir", type=Path, default=Path(".state"), help="local state (default ./.state)")
+    up.add_argument(
+        "--etcd-history",
+        type=_etcd_duration,
+        default="10m",
+        help="how long etcd keeps its history of changes before compacting it (e.g. 10m, 1h; watches resume "
+        "only within it)",
+    )
+    up.add_argument(
+        "--host-network",
+        choices=("shared", "netns"),
+        default="shared",
+        help="netns (root): each simulated host is a network namespace, so it can be partitioned "
+        "(python -m jupyter_notebookos.launchers.hostnet partition STATE_DIR HOST)",
+    )
+    up.add_argument("--state-dir", type=Path, default=Path(".state"), help="local state: etcd's data, tokens, logs")
     up.add_argument("--notebook-dir", type=Path, default=Path.cwd(), help="JupyterLab's root directory")
     up.add_argument(
         "--gateway-option",
@@ -110,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--provisioning-delay",
         type=_non_negative_float,
         default=30.0,
-        help="seconds a new simulated host takes to be ready (default 30, like a cloud VM)",
+        help="seconds a new simulated host takes to be ready (like a cloud VM)",
     )
 
     hub = up.add_argument_group("JupyterHub (--hub)")
@@ -120,48 +181,89 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a JupyterHub (with its proxy) instead of one JupyterLab: each user logs in with a generated "
         "password and gets a JupyterLab that reaches the gateway with the user's own Hub token",
     )
-    hub.add_argument("--hub-port", type=_port, default=8000, help="the Hub's port on 127.0.0.1 (default 8000)")
+    hub.add_argument("--hub-port", type=_port, default=8000, help="the Hub's port on 127.0.0.1")
     hub.add_argument(
         "--users",
         type=_users,
         default=["alice", "bob"],
         metavar="NAME,NAME",
-        help="the Hub's users, comma-separated (default alice,bob)",
+        help="the Hub's users, comma-separated (default: alice,bob)",
     )
     hub.add_argument(
         "--cull-idle-servers",
         type=_non_negative_float,
         default=0.0,
         metavar="SECONDS",
-        help="stop users' servers idle this long (jupyterhub-idle-culler; default 0: never)",
+        help="stop users' servers idle this long (jupyterhub-idle-culler; 0: never)",
     )
 
-    status = sub.add_parser("status", help="hosts, GPUs and kernels of a running platform")
-    status.add_argument("--url", help="gateway URL (default: the one `notebookos up` in --state-dir started)")
-    status.add_argument("--token", help="gateway auth token (default: $NOTEBOOKOS_TOKEN or the state dir's)")
-    status.add_argument("--state-dir", type=Path, default=Path(".state"), help="state dir of `notebookos up`")
-    status.add_argument("--json", action="store_true", help="print the cluster as JSON")
+    down = sub.add_parser(
+        "down",
+        help="stop the `notebookos up` running in --state-dir (and all it started)",
+        formatter_class=_HelpFormatter,
+    )
+    down.add_argument("--state-dir", type=Path, default=Path(".state"), help="state dir of `notebookos up`")
+    down.add_argument(
+        "--timeout", type=_non_negative_float, default=120.0, help="seconds to wait for everything to stop"
+    )
 
-    simulate = sub.add_parser("simulate", help="trace-driven simulation of NotebookOS and its baselines")
-    try:
+    status = sub.add_parser(
+        "status",
+        help="hosts, GPUs and kernels of a running platform, or one kernel's replicas",
+        formatter_class=_HelpFormatter,
+    )
+    status.add_argument(
+        "kernel", nargs="?", metavar="KERNEL", help="show this kernel (its id, or a unique start of it)"
+    )
+    _gateway_arguments(status)
+    status.add_argument("--json", action="store_true", help="print the API's JSON (not with --watch)")
+    status.add_argument("--watch", action="store_true", help="redraw every --interval seconds until Ctrl-C")
+    status.add_argument("--interval", type=_positive_float, default=2.0, help="seconds between redraws (--watch)")
+
+    migrate = sub.add_parser(
+        "migrate",
+        help="move one replica of a kernel to another host now (waits until it serves again)",
+        formatter_class=_HelpFormatter,
+    )
+    migrate.add_argument("kernel", metavar="KERNEL", help="the kernel (its id, or a unique start of it)")
+    migrate.add_argument("replica", metavar="REPLICA", help="the replica's id (see `notebookos status KERNEL`)")
+    migrate.add_argument("--host", help="the target host (default: the scheduler picks one)")
+    _gateway_arguments(migrate)
+
+    simulate = sub.add_parser(
+        "simulate", help="trace-driven simulation of NotebookOS and its baselines", formatter_class=_HelpFormatter
+    )
+    if simulate_options:
         from jupyter_notebookos.simulator.cli import add_arguments
-    except ImportError:  # pragma: no cover - while the simulator is being written
-        pass
-    else:
+
         add_arguments(simulate)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(simulate_options="simulate" in words)
+    args = parser.parse_args(words)
     if args.command == "up":
         return cmd_up(args)
-    if args.command == "status":
-        return cmd_status(args)
-    from jupyter_notebookos.simulator.cli import run
+    if args.command in ("down", "status", "migrate"):
+        from jupyter_notebookos import commands
 
-    return run(args)
+        if args.command == "status" and args.watch and args.json:
+            parser.error("status: --json and --watch do not go together")  # exits 2, as for any bad option
+        run = {"down": commands.cmd_down, "status": commands.cmd_status, "migrate": commands.cmd_migrate}
+        try:
+            return run[args.command](args)
+        except CommandError as err:
+            print(f"notebookos {args.command}: {err}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:  # Ctrl-C while waiting for the gateway: no traceback
+            print(f"notebookos {args.command}: interrupted", file=sys.stderr)
+            return 130
+    from jupyter_notebookos.simulator.cli import run as simulate
+
+    return simulate(args)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -175,9 +277,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         lab_port=args.lab_port,
         lab=not args.no_lab,
         etcd_members=args.etcd_members,
+        etcd_history=args.etcd_history,
         state_dir=args.state_dir,
         notebook_dir=args.notebook_dir,
         autoscale=args.autoscale,
+        host_network=args.host_network,
         provisioning_delay=args.provisioning_delay,
         gateway_options=list(args.gateway_option),
         hub=args.hub,
@@ -190,137 +294,6 @@ def cmd_up(args: argparse.Namespace) -> int:
     except PlatformError as err:
         print(f"notebookos up: {err}", file=sys.stderr)
         return 1
-
-
-def _runtime(state_dir: Path) -> dict[str, Any]:
-    from jupyter_notebookos.embedded.platform import RUNTIME_FILE
-
-    try:
-        return dict(json.loads((state_dir / RUNTIME_FILE).read_text()))
-    except (OSError, ValueError):
-        return {}
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    """``notebookos status``."""
-    runtime = _runtime(args.state_dir)
-    url = (args.url or runtime.get("gateway_url") or "").rstrip("/")
-    if not url:
-        print(
-            f"notebookos status: no running `notebookos up` in {args.state_dir.resolve()}; give --url",
-            file=sys.stderr,
-        )
-        return 1
-    token = args.token or os.environ.get("NOTEBOOKOS_TOKEN") or runtime.get("token")
-    request = urllib.request.Request(f"{url}/api/notebookos/cluster")
-    if token:
-        request.add_header("Authorization", f"token {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            cluster = json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        hint = " (wrong or missing --token)" if err.code in (401, 403) else ""
-        print(f"notebookos status: {url} answered HTTP {err.code}{hint}", file=sys.stderr)
-        return 1
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        print(f"notebookos status: cannot reach the gateway at {url}: {reason}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(cluster, indent=2))
-    else:
-        print_cluster(cluster, Console(highlight=False))
-    return 0
-
-
-def print_cluster(cluster: dict[str, Any], console: Console) -> None:
-    """The cluster as readable tables: hosts, then kernels, then the queue."""
-    hosts = Table(title="Hosts")
-    for column in ("host", "GPUs", "committed", "pending", "idle", "replicas", "kind"):
-        hosts.add_column(column, justify="left" if column in ("host", "kind") else "right")
-    for h in cluster.get("hosts", []):
-        hosts.add_row(
-            str(h["name"]),
-            str(h["gpus"]),
-            str(h["gpus_committed"]),
-            str(h["gpus_pending"]),
-            str(h["gpus"] - h["gpus_committed"]),
-            str(h["replicas"]),
-            "simulated" if h.get("simulated") else "real GPUs",
-        )
-    console.print(hosts)
-    console.print(f"Subscription ratio: {cluster.get('subscription_ratio', 0):.2f}")
-    kernels = cluster.get("kernels", [])
-    if kernels:
-        table = Table(title="Kernels")
-        for column in ("kernel", "replicas", "executor", "GPUs/cell", "state", "cells"):
-            table.add_column(column)
-        for k in kernels:
-            table.add_row(
-                str(k.get("kernel_id") or "(another user's)"),  # users see others' kernels without ids
-                ", ".join(_replica_text(r) for r in k.get("replicas", [])),
-                str(k.get("executor") or "-"),
-                str(k.get("gpus", "")),
-                _kernel_state(k),
-                str(k.get("cells", "")),
-            )
-        console.print(table)
-    else:
-        console.print("No NotebookOS kernels.")
-    queue = cluster.get("queue", [])
-    if queue:
-        waiting = Table(title=f"Queued cells ({len(queue)}, waiting for GPUs)")
-        for column in ("#", "kernel", "cell", "GPUs", "waiting"):
-            waiting.add_column(column, justify="right" if column in ("#", "GPUs", "waiting") else "left")
-        for position, q in enumerate(queue, start=1):
-            waiting.add_row(
-                str(q.get("position", position)),
-                str(q.get("kernel_id") or "(another user's)"),
-                str(q.get("cell_id") or "-"),
-                str(q.get("gpus", "")),
-                f"{float(q.get('waiting_ms', 0.0)) / 1000.0:.1f} s",
-            )
-        console.print(waiting)
-    else:
-        console.print("Queued cells: none")
-    migrations = cluster.get("migrations", [])
-    if migrations:
-        moving = Table(title=f"Migrations in progress ({len(migrations)})")
-        for column in ("#", "kernel", "replica", "from", "to", "why", "for"):
-            moving.add_column(column)
-        for m in migrations:
-            moving.add_row(
-                f"m{m.get('migration_id')}",
-                str(m.get("kernel_id") or "(another user's)"),
-                f"r{m.get('replica_id')}",
-                str(m.get("source")),
-                str(m.get("target")),
-                str(m.get("trigger")),
-                f"{m.get('seconds', 0):.1f} s",
-            )
-        console.print(moving)
-    scaling = cluster.get("scaling") or {}
-    if scaling.get("enabled"):
-        draining = ", ".join(scaling.get("draining", [])) or "none"
-        console.print(f"Autoscaling: {scaling.get('provisioning', 0)} host(s) provisioning, draining: {draining}")
-        for event in scaling.get("recent", [])[-3:]:
-            console.print(f"  {event.get('decision')}")
-
-
-def _replica_text(replica: Any) -> str:
-    """``0@host-1`` for a ready replica, ``0@host-1 (starting)`` otherwise."""
-    if not isinstance(replica, dict):
-        return str(replica)
-    text = f"{replica['replica_id']}@{replica.get('host')}" if "replica_id" in replica else str(replica.get("host"))
-    state = replica.get("state", "ready")
-    return text if state == "ready" else f"{text} ({state})"
-
-
-def _kernel_state(kernel: dict[str, Any]) -> str:
-    """What a kernel is doing: running a cell, waiting for GPUs, or idle."""
-    if kernel.get("state"):
-        return str(kernel["state"])
-    return "running" if kernel.get("running") else "idle"
 
 
 if __name__ == "__main__":

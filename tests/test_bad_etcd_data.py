@@ -13,6 +13,7 @@ import pytest
 from support import Platform, etcd_admin, start_platform, stop_platform, wait_for
 
 from jupyter_notebookos.client import GatewayClient, GatewayError
+from jupyter_notebookos.coordination.keys import KeyLayout
 
 KERNEL = "python3-notebookos"
 
@@ -99,3 +100,55 @@ def test_a_restarted_gateway_quarantines_malformed_kernel_records_and_reattaches
     assert "someone-else" in why["wrong"]["why"]
     assert not set(etcd_admin(platform, read="/kernels/")) & {f"/notebookos/kernels/{k}" for k in ("garbage", "listy")}
     client.shutdown_kernel(kernel_id)
+
+
+def test_a_malformed_log_record_is_stepped_over_by_a_new_replica_which_says_so(platform: Platform) -> None:
+    client = platform.client
+    kernel_id = client.start_kernel(KERNEL)
+    try:
+        with client.connect(kernel_id) as conn:
+            assert conn.execute("a = 1").status == "ok"
+            second = conn.execute("b = 2")
+            executor, seq = second.notebookos["replica"], int(second.notebookos["seq"])
+            # The kernel's own code may write anything to its own log (its etcd role allows it): here, garbage
+            # over the record of `b = 2`, which every replica has applied already.
+            record_key = KeyLayout("").log_record(kernel_id, seq)
+            etcd_admin(platform, (record_key, "{not a record"))
+            victim = next(r for r in ready(client, kernel_id) if r["replica_id"] != executor)
+            os.kill(victim["pid"], signal.SIGKILL)
+
+            before = {r["replica_id"] for r in ready(client, kernel_id)}
+
+            def replacement() -> str | None:
+                now = {r["replica_id"] for r in ready(client, kernel_id)}
+                return next(iter(now - before), None) if len(now) == 3 else None
+
+            new_replica = wait_for(replacement, 60, "a replacement that restored past the malformed record")
+            # On the new replica `b` is missing (its record was unreadable), and its first cell says so.
+            msg_id = conn.send(
+                "shell",
+                "execute_request",
+                {"code": "print(a, 'b' in dir())", "silent": False},
+                metadata={"notebookos": {"replica": new_replica}},
+            )
+            reply = conn.reply(msg_id, timeout=60)
+            assert reply["content"]["status"] == "ok", reply["content"]
+
+            def idle(m: dict) -> bool:
+                ours = m.get("parent_header", {}).get("msg_id") == msg_id and m["msg_type"] == "status"
+                return ours and m["content"]["execution_state"] == "idle"
+
+            while not any(idle(m) for m in conn.pending):  # its output comes before the kernel is idle again
+                conn.pending.append(conn.receive(30))
+            streams = [
+                m["content"]["text"]
+                for m in conn.pending
+                if m.get("parent_header", {}).get("msg_id") == msg_id and m["msg_type"] == "stream"
+            ]
+            text = "".join(streams)
+            assert "1 False" in text, text
+            assert f"log record {seq}) could not be applied on this replica" in text, text
+            assert "malformed" in text
+    finally:
+        with contextlib.suppress(GatewayError):
+            client.shutdown_kernel(kernel_id)

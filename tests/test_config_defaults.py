@@ -13,13 +13,15 @@ from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
 from traitlets.config import Configurable
 
 from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
+from jupyter_notebookos.gateway.defrag import EtcdMaintenance
 from jupyter_notebookos.launchers.kubernetes import KubernetesLauncher
 from jupyter_notebookos.launchers.local import LocalLauncher
 from jupyter_notebookos.scheduler import Scheduler
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "etc" / "jupyter" / "notebookos_config.py"
 CLASSES: dict[str, type[Configurable]] = {
-    c.__name__: c for c in (NotebookOSGatewayApp, Scheduler, LocalLauncher, KubernetesLauncher, MappingKernelManager)
+    c.__name__: c
+    for c in (NotebookOSGatewayApp, Scheduler, LocalLauncher, KubernetesLauncher, MappingKernelManager, EtcdMaintenance)
 }
 # Defaults computed from where the gateway runs: the example shows their shape, not their value.
 ILLUSTRATIVE = {

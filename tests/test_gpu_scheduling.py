@@ -296,11 +296,11 @@ def test_a_cell_waits_fifo_while_every_host_is_busy_and_runs_when_gpus_free(
             if held not in released:
                 held.release()
     after = metrics(client)
-    histogram = "notebookos_cell_queued_milliseconds_count"
+    histogram = "notebookos_cell_queued_seconds_count"
     # Four holding cells, two queued cells and the CPU-only kernel's cell at least.
     assert metric(after, histogram) - metric(before, histogram) >= 7
-    slow = "notebookos_cell_queued_milliseconds_bucket"
-    assert metric(after, slow, le="1000.0") - metric(before, slow, le="1000.0") <= 5  # the two waited longer
+    slow = "notebookos_cell_queued_seconds_bucket"
+    assert metric(after, slow, le="1.0") - metric(before, slow, le="1.0") <= 5  # the two waited longer
     assert metric(after, "notebookos_queued_cells") == 0
     assert metric(after, "notebookos_cells_total", outcome="finished") > metric(
         before, "notebookos_cells_total", outcome="finished"
@@ -362,11 +362,11 @@ def test_metrics_account_gpus_per_host_and_gpu_seconds(platform: Platform, kerne
         )
     assert metric(after, "notebookos_subscription_ratio") == pytest.approx(snapshot["subscription_ratio"])
     assert metric(after, "notebookos_hosts") == 4
-    histogram = "notebookos_cell_queued_milliseconds_count"
+    histogram = "notebookos_cell_queued_seconds_count"
     assert metric(after, histogram) == metric(before, histogram) + 1
-    used = metric(after, "notebookos_gpu_seconds_used_total")
-    assert used - metric(before, "notebookos_gpu_seconds_used_total") >= 0.9  # one GPU for the 1 s cell
-    reserved = metric(after, "notebookos_gpu_seconds_if_reserved")
+    used = metric(after, "notebookos_gpu_used_seconds_total")
+    assert used - metric(before, "notebookos_gpu_used_seconds_total") >= 0.9  # one GPU for the 1 s cell
+    reserved = metric(after, "notebookos_gpu_reservation_seconds")
     assert reserved > used  # reservation would have held each kernel's GPU since it started
 
 

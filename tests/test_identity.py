@@ -86,8 +86,12 @@ def test_every_route_enterprise_gateway_guards_identifies_users() -> None:
     guarded = [(pattern, cls) for pattern, cls, *_ in handlers if issubclass(cls, TokenAuthorizationMixin)]
     assert len(guarded) >= 10  # kernels, actions, channels, kernelspecs, sessions, /api
     assert [p for p, cls in guarded if not issubclass(cls, IdentifiedHandlerMixin)] == []
-    ours = [cls for pattern, cls, *_ in handlers if "/api/notebookos/" in pattern or pattern.endswith("/metrics")]
-    assert len(ours) == 4 and all(issubclass(cls, IdentifiedHandlerMixin) for cls in ours)
+    ours = [
+        cls
+        for pattern, cls, *_ in handlers
+        if "/api/notebookos/" in pattern or pattern.endswith(("/metrics", "/notebookos/"))  # API, dashboard page
+    ]
+    assert len(ours) == 6 and all(issubclass(cls, IdentifiedHandlerMixin) for cls in ours)
 
 
 def test_a_users_kernel_is_theirs_alone(users_up: Platform) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -60,7 +59,7 @@ def test_plain_kernel_runs_through_rest_and_websocket(shared_up: Platform) -> No
         client.shutdown_kernel(kernel_id)
 
 
-def test_sigterm_stops_everything_it_started(tmp_path: Path) -> None:
+def test_down_stops_everything_up_started(tmp_path: Path) -> None:
     platform = start_platform(tmp_path / "state", "--etcd-members", "3")
     client = platform.client
     kernel_id = client.start_kernel("python3")
@@ -69,11 +68,15 @@ def test_sigterm_stops_everything_it_started(tmp_path: Path) -> None:
     started = platform.descendants() + processes_of(platform.state_dir)
     assert any("etcd" in " ".join(p.cmdline()) for p in started)
     assert any("ipykernel" in " ".join(p.cmdline()) for p in started)
-    platform.process.send_signal(signal.SIGTERM)
-    assert platform.process.wait(60) == 0
+    down = run_cli("down", "--state-dir", str(platform.state_dir))  # SIGTERM to `notebookos up`, then waits
+    assert down.returncode == 0, down.stderr
+    assert f"stopped `notebookos up` (pid {platform.process.pid}" in down.stdout
+    assert platform.process.wait(10) == 0
     _, alive = psutil.wait_procs(started, timeout=10)
     assert alive == [], f"left behind: {[p.cmdline() for p in alive]}"
     assert not (platform.state_dir / "runtime.json").exists()
+    again = run_cli("down", "--state-dir", str(platform.state_dir))
+    assert again.returncode == 1 and "no running `notebookos up`" in again.stderr
 
 
 def test_second_up_on_the_same_state_dir_and_a_taken_port_fail_clearly(up: Platform) -> None:

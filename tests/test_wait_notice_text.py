@@ -18,5 +18,5 @@ def test_queue_positions_read_as_ordinals(n: int, words: str) -> None:
 def test_the_sentence_names_gpus_place_and_seconds() -> None:
     assert wait_sentence(2, 3, 12.4) == "waiting for 2 GPUs, 3rd in queue, 12 s"
     assert wait_sentence(1, 1, 0.6) == "waiting for 1 GPU, 1st in queue, 1 s"
-    # Not in the queue: a migration is making room for it.
-    assert wait_sentence(1, None, 3) == "waiting for 1 GPU, a replica is moving to a host with free GPUs, 3 s"
+    # Out of the queue, not yet running (a migration, an eviction of another replica's GPU state, a catch-up).
+    assert wait_sentence(1, None, 3) == "waiting for 1 GPU, preparing a replica and its GPUs, 3 s"

@@ -28,6 +28,11 @@ c = get_config()  # noqa: F821 - provided by traitlets when the file is loaded
 # c.NotebookOSGatewayApp.etcd_timeout = 5                      # seconds before an etcd call fails clearly
 # c.NotebookOSGatewayApp.replica_rejoin_grace = 10.0            # seconds a live replica dropped by etcd may re-register
 # c.NotebookOSGatewayApp.ledger_reconcile_interval = 10.0       # seconds between GPU-ledger reconciliations
+# c.NotebookOSGatewayApp.gpu_sticky = False                     # keep GPU state on the device between cells
+# c.EtcdMaintenance.interval = 600.0              # seconds between checks of etcd's database files (0: off)
+# c.EtcdMaintenance.min_free_fraction = 0.5        # defragment a member whose file is this much free space
+# c.EtcdMaintenance.min_free_bytes = 67108864      # ... and at least this many bytes
+# c.EtcdMaintenance.defragment_timeout = 120.0
 
 # --- Embedded mode: simulated hosts on this machine ----------------------------------------------------------
 # c.NotebookOSGatewayApp.simulated_hosts = 4

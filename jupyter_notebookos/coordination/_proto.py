@@ -10,6 +10,7 @@ stable home of these names in that release.
 from __future__ import annotations
 
 from etcd3aio._protobuf import (
+    AlarmRequest,
     AuthEnableRequest,
     AuthenticateRequest,
     AuthRoleAddRequest,
@@ -24,8 +25,10 @@ from etcd3aio._protobuf import (
     AuthUserGetRequest,
     AuthUserGrantRoleRequest,
     AuthUserListRequest,
+    ClusterStub,
     CompactionRequest,
     Compare,
+    DefragmentRequest,
     DeleteRangeRequest,
     KVStub,
     LeaseGrantRequest,
@@ -34,6 +37,7 @@ from etcd3aio._protobuf import (
     LeaseStub,
     LeaseTimeToLiveRequest,
     MaintenanceStub,
+    MemberListRequest,
     Permission,
     PutRequest,
     RangeRequest,
@@ -48,6 +52,7 @@ from etcd3aio._protobuf import (
 from etcd3aio.kv import prefix_range_end
 
 __all__ = [
+    "AlarmRequest",
     "AuthEnableRequest",
     "AuthRoleAddRequest",
     "AuthRoleDeleteRequest",
@@ -62,8 +67,10 @@ __all__ = [
     "AuthUserGrantRoleRequest",
     "AuthUserListRequest",
     "AuthenticateRequest",
+    "ClusterStub",
     "CompactionRequest",
     "Compare",
+    "DefragmentRequest",
     "DeleteRangeRequest",
     "KVStub",
     "LeaseGrantRequest",
@@ -72,6 +79,7 @@ __all__ = [
     "LeaseStub",
     "LeaseTimeToLiveRequest",
     "MaintenanceStub",
+    "MemberListRequest",
     "Permission",
     "PutRequest",
     "RangeRequest",

@@ -31,6 +31,7 @@ from jupyter_notebookos.coordination import _proto
 from jupyter_notebookos.coordination.errors import (
     AuthenticationFailed,
     CoordinationError,
+    EtcdFull,
     EtcdUnavailable,
     LeaseLost,
     PermissionDenied,
@@ -100,6 +101,8 @@ def classify(
         return EtcdUnavailable(endpoints, f"{operation}: no answer in time")
     if code == grpc.StatusCode.NOT_FOUND and "lease" in lowered:
         return LeaseLost(0, detail)
+    if "database space exceeded" in lowered:
+        return EtcdFull(endpoints, f"{operation}: {detail}")
     if code == grpc.StatusCode.FAILED_PRECONDITION and "compare" in lowered:
         return TransactionConflict(f"{operation}: {detail}")
     if code == grpc.StatusCode.PERMISSION_DENIED or "permission denied" in lowered:
@@ -181,6 +184,15 @@ class EtcdCredentials:
             return cls(user, password)
         except ValueError as err:
             raise ValueError(f"{err} ({user_var} and {password_var})") from None
+
+
+@dataclass(frozen=True)
+class EtcdMemberInfo:
+    """One member of the etcd cluster, as its member list says."""
+
+    member_id: int
+    name: str
+    client_urls: list[str]
 
 
 @dataclass(frozen=True)
@@ -290,6 +302,7 @@ class Coordinator:
         self._lease = _proto.LeaseStub(self._channel)
         self._watch = _proto.WatchStub(self._channel)
         self._maintenance = _proto.MaintenanceStub(self._channel)
+        self._cluster = _proto.ClusterStub(self._channel)
         self._auth = _proto.AuthStub(self._channel)
         self.credentials = credentials
         # Sent with every call: etcd's hasleader flag, plus our auth token once authenticated.
@@ -522,11 +535,14 @@ class Coordinator:
             raise TransactionConflict(f"transaction refused: a compare on {keys} did not hold")
         return result
 
-    async def compact(self, revision: int, *, timeout: float | None = None) -> None:
-        """Discard the history of changes before ``revision`` (watches cannot start earlier after this)."""
-        await self._unary(
-            self._kv.Compact, _proto.CompactionRequest(revision=revision), "compact", timeout, idempotent=True
-        )
+    async def compact(self, revision: int, *, physical: bool = False, timeout: float | None = None) -> None:
+        """Discard the history of changes before ``revision`` (watches cannot start earlier after this).
+
+        ``physical``: answer only once the members freed that history's space in their database files (what a
+        defragmentation right after needs), not as soon as the compaction is agreed on.
+        """
+        request = _proto.CompactionRequest(revision=revision, physical=physical)
+        await self._unary(self._kv.Compact, request, "compact", timeout, idempotent=True)
 
     async def status(self, *, timeout: float | None = None) -> dict[str, Any]:
         """One member's view: version, leader id, Raft term, revision and database size."""
@@ -538,7 +554,41 @@ class Coordinator:
             "raft_term": reply.raftTerm,
             "revision": reply.header.revision,
             "db_size": reply.dbSize,
+            "db_size_in_use": reply.dbSizeInUse,
         }
+
+    # -- maintenance (root only when auth is on) ------------------------------------------------------
+
+    async def members(self, *, timeout: float | None = None) -> list[EtcdMemberInfo]:
+        """The cluster's members and the client URLs each one serves."""
+        reply = await self._unary(
+            self._cluster.MemberList, _proto.MemberListRequest(), "member list", timeout, idempotent=True
+        )
+        return [EtcdMemberInfo(m.ID, m.name, list(m.clientURLs)) for m in reply.members]
+
+    async def defragment(self, *, timeout: float | None = None) -> None:
+        """Defragment the database of the member this coordinator talks to (connect it to that one endpoint).
+
+        The member answers nothing else meanwhile: defragment one member at a time, the leader last.
+        """
+        await self._unary(
+            self._maintenance.Defragment, _proto.DefragmentRequest(), "defragment", timeout, idempotent=True
+        )
+
+    async def alarms(self, *, timeout: float | None = None) -> list[tuple[int, str]]:
+        """The cluster's raised alarms: (member id, ``"NOSPACE"`` or ``"CORRUPT"``)."""
+        request = _proto.AlarmRequest(action=_proto.AlarmRequest.GET)
+        reply = await self._unary(self._maintenance.Alarm, request, "alarm list", timeout, idempotent=True)
+        kinds = _proto.AlarmRequest.DESCRIPTOR.fields_by_name["alarm"].enum_type.values_by_number
+        return [(a.memberID, kinds[a.alarm].name) for a in reply.alarms]
+
+    async def disarm(self, member_id: int, alarm: str, *, timeout: float | None = None) -> None:
+        """Clear one raised alarm (etcd accepts writes again once no NOSPACE alarm is left)."""
+        kinds = _proto.AlarmRequest.DESCRIPTOR.fields_by_name["alarm"].enum_type.values_by_name
+        request = _proto.AlarmRequest(
+            action=_proto.AlarmRequest.DEACTIVATE, memberID=member_id, alarm=kinds[alarm].number
+        )
+        await self._unary(self._maintenance.Alarm, request, "alarm disarm", timeout, idempotent=True)
 
     # -- leases -------------------------------------------------------------------------------------
 

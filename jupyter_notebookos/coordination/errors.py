@@ -41,6 +41,19 @@ class QuorumLost(CoordinationError):
         )
 
 
+class EtcdFull(CoordinationError):
+    """etcd refuses writes: its database reached the backend quota (etcd's NOSPACE alarm is raised)."""
+
+    def __init__(self, endpoints: Sequence[str], detail: str = "") -> None:
+        self.endpoints = list(endpoints)
+        suffix = f" ({detail})" if detail else ""
+        super().__init__(
+            f"etcd at {', '.join(self.endpoints)} is full{suffix}: it refuses writes until its database is "
+            "compacted and defragmented and its NOSPACE alarm is cleared. The gateway's etcd maintenance does this "
+            "by itself when enough of the database is free space; otherwise raise --quota-backend-bytes."
+        )
+
+
 class LeaseLost(CoordinationError):
     """Our lease expired or was revoked: everything bound to it (registrations, GPU entries) is gone."""
 

@@ -29,6 +29,7 @@ from rich.console import Console
 
 from jupyter_notebookos.embedded.etcd import EtcdCluster, EtcdClusterError
 from jupyter_notebookos.embedded.hub import ENV_HUB_STATE_DIR, EmbeddedHub, HubSetupError
+from jupyter_notebookos.launchers.hostnet import HostNetwork, HostNetworkError
 
 RUNTIME_FILE = "runtime.json"
 #: A child that exits this many times within the window is not restarted again.
@@ -60,6 +61,8 @@ class UpOptions:
     hub_port: int = 8000
     users: list[str] = field(default_factory=lambda: ["alice", "bob"])
     cull_idle_servers: float = 0.0  # seconds; 0: no jupyterhub-idle-culler
+    etcd_history: str = "10m"  # etcd's auto-compaction retention
+    host_network: str = "shared"  # or "netns": each simulated host a network namespace (launchers/hostnet.py)
 
 
 def lab_python() -> Path:
@@ -122,6 +125,7 @@ class EmbeddedPlatform:
         self.token = secrets.token_hex(24)
         self.lab_token = secrets.token_hex(24)
         self.etcd: EtcdCluster | None = None
+        self.host_network: HostNetwork | None = None
         self.hub: EmbeddedHub | None = None
         self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
         self._lock: IO[str] | None = None
@@ -189,8 +193,27 @@ class EmbeddedPlatform:
         if opts.lab and opts.lab_port == 0:
             opts.lab_port = free_port()
 
+        extra_ips = []
+        if opts.host_network == "netns":
+            reason = HostNetwork.unavailable()
+            if reason:
+                raise PlatformError(f"--host-network netns: {reason}")
+            self.host_network = HostNetwork.for_state_dir(self.state_dir)
+            try:
+                self.host_network.ensure_bridge()
+            except HostNetworkError as err:
+                raise PlatformError(f"--host-network netns: {err}") from None
+            extra_ips.append(self.host_network.bridge_ip)  # replicas reach etcd over the bridge
+            self.console.print(
+                f"hosts: network namespaces on bridge {self.host_network.bridge} ({self.host_network.subnet})"
+            )
         try:
-            self.etcd = EtcdCluster(self.state_dir / "etcd", members=opts.etcd_members)
+            self.etcd = EtcdCluster(
+                self.state_dir / "etcd",
+                members=opts.etcd_members,
+                extra_client_ips=extra_ips,
+                compaction_retention=opts.etcd_history,
+            )
             self.console.print(f"etcd: starting a {self.etcd.description}")
             self.etcd.start()
         except EtcdClusterError as err:
@@ -218,8 +241,9 @@ class EmbeddedPlatform:
         self._write_runtime_file()
 
     def wait(self) -> int:
-        """Block until a signal arrives (exit 0). A child that dies is restarted (the gateway re-attaches to
-        the running kernels, whose replicas are detached); one that keeps dying ends the platform (exit 1)."""
+        """Block until a signal arrives (exit 0). A child or etcd member that dies is restarted (the gateway
+        re-attaches to the running kernels, whose replicas are detached; a member rejoins its cluster); one that
+        keeps dying ends the platform (exit 1)."""
         restarts: dict[str, list[float]] = {}
         while not self._stopping:
             for index, (name, child) in enumerate(self.children):
@@ -236,8 +260,34 @@ class EmbeddedPlatform:
                 restarts[name] = [*recent, time.monotonic()]
                 self.console.print(f"[yellow]{name} exited with code {child.returncode}; restarting it[/]")
                 self.children[index] = (name, self._restart(name))
+            if self.etcd is not None and not self._stopping and not self._restart_etcd_members(restarts):
+                return 1
             time.sleep(0.2)
         return 0
+
+    def _restart_etcd_members(self, restarts: dict[str, list[float]]) -> bool:
+        """Start again, on the same ports and data, every etcd member that exited (as a crash or an OOM kill would
+        end it); the cluster takes it back as a follower. False when one keeps dying (the platform ends)."""
+        assert self.etcd is not None
+        for index, member in enumerate(self.etcd.members):
+            if member.running or member.process is None:
+                continue
+            name = f"etcd member {member.name}"
+            recent = [t for t in restarts.get(name, []) if time.monotonic() - t < RESTART_WINDOW_S]
+            if len(recent) >= MAX_RESTARTS:
+                self.console.print(
+                    f"[red]{name} exited {MAX_RESTARTS} times within {RESTART_WINDOW_S:.0f} s; giving up[/]\n"
+                    f"{tail(member.log_path)}"
+                )
+                return False
+            restarts[name] = [*recent, time.monotonic()]
+            self.console.print(f"[yellow]{name} exited with code {member.process.returncode}; restarting it[/]")
+            try:
+                self.etcd.start_member(index, wait=False)
+            except (OSError, EtcdClusterError) as err:
+                self.console.print(f"[red]{name} could not be started again: {err}[/]")
+                return False
+        return True
 
     def _restart(self, name: str) -> subprocess.Popen[bytes]:
         log = self.state_dir / f"{name}.log"
@@ -272,6 +322,9 @@ class EmbeddedPlatform:
         if self.etcd is not None:
             self.etcd.stop()
             self.etcd = None
+        if self.host_network is not None:
+            self.host_network.remove()
+            self.host_network = None
         with contextlib.suppress(FileNotFoundError):
             (self.state_dir / RUNTIME_FILE).unlink()
         if self._lock is not None:
@@ -356,6 +409,7 @@ class EmbeddedPlatform:
             f"--NotebookOSGatewayApp.state_dir={self.state_dir}",
             f"--NotebookOSGatewayApp.autoscale={opts.autoscale}",
             f"--SimulatedHostProvisioner.provisioning_delay={opts.provisioning_delay}",
+            f"--LocalLauncher.host_network={opts.host_network}",
             *(f"--{option}" for option in opts.gateway_options),
         ]
 

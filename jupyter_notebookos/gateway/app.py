@@ -27,7 +27,8 @@ from jupyter_server.utils import url_path_join
 from tornado import ioloop
 from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default, validate
 
-from jupyter_notebookos.coordination.client import EtcdCredentials, EtcdTls
+from jupyter_notebookos.coordination.client import Coordinator, EtcdCredentials, EtcdTls
+from jupyter_notebookos.gateway.defrag import EtcdMaintenance
 from jupyter_notebookos.gateway.handlers import notebookos_handlers
 from jupyter_notebookos.gateway.identity import Identities, IdentityConfig, IdentityConfigError
 from jupyter_notebookos.gateway.ownership import with_identity
@@ -52,7 +53,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
 
     name = "notebookos-gateway"
     description = "NotebookOS: GPU-efficient replicated notebook kernels on Jupyter Enterprise Gateway"
-    classes = [*EnterpriseGatewayApp.classes, Scheduler, LocalLauncher, SimulatedHostProvisioner]
+    classes = [*EnterpriseGatewayApp.classes, Scheduler, LocalLauncher, SimulatedHostProvisioner, EtcdMaintenance]
 
     etcd_endpoints = List(
         Unicode(),
@@ -183,6 +184,15 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         "lease) may take to register again, keeping its memory, before it is replaced. 0: replace at once.",
     )
 
+    gpu_sticky = Bool(
+        False,
+        config=True,
+        help="Replicas keep their GPU state (tensors, models) on the device between cells instead of copying it to "
+        "host memory after every cell and back before the next; it moves off only when the scheduler gives that GPU "
+        "to another replica (the new cell's queued time includes the move). Each reply's metadata.notebookos."
+        "resident names the devices kept.",
+    )
+
     ledger_reconcile_interval = Float(
         DEFAULT_RECONCILE_INTERVAL,
         config=True,
@@ -257,6 +267,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         return endpoints
 
     node_hosts: Any = None  # Kubernetes: the GPU nodes as hosts (gateway.nodes.NodeHosts)
+    etcd_maintenance: EtcdMaintenance | None = None
     identities: Identities | None = None  # who is asking (admin token, token file, JupyterHub, metrics token)
 
     def init_identities(self) -> None:
@@ -306,6 +317,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         self.platform.etcd_tls = self.etcd_tls()
         self.platform.rejoin_grace = self.replica_rejoin_grace
         self.platform.reconcile_interval = self.ledger_reconcile_interval
+        self.platform.gpu_sticky = self.gpu_sticky
 
     def _init_kubernetes(self, scheduler: Scheduler) -> None:
         """Replica pods, GPU nodes as hosts, placeholder pods for scaling (the helm chart's deployment)."""
@@ -338,6 +350,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         self.platform.etcd_tls = self.etcd_tls()
         self.platform.rejoin_grace = self.replica_rejoin_grace
         self.platform.reconcile_interval = self.ledger_reconcile_interval
+        self.platform.gpu_sticky = self.gpu_sticky
         self.node_hosts = NodeHosts(self.platform, inventory, placeholders)
 
     async def start_platform(self) -> None:
@@ -350,9 +363,24 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
             await self.node_hosts.start()
             self.log.info("NotebookOS on Kubernetes: %d GPU node(s) as hosts", len(self.platform.hosts))
         await self.platform.start()
+        assert self.platform.coordinator is not None
+        self.etcd_maintenance = EtcdMaintenance(self.platform.coordinator, self._connect_etcd_member, parent=self)
+        self.etcd_maintenance.start()
+
+    async def _connect_etcd_member(self, url: str) -> Coordinator:
+        """A connection to one etcd member only (defragmentation acts on the member it is sent to)."""
+        return await Coordinator.connect(
+            [url],
+            timeout=float(self.etcd_timeout),
+            prefix=self.etcd_prefix,
+            tls=self.platform.etcd_tls,
+            credentials=self.platform.etcd_credentials,
+        )
 
     async def stop_platform(self) -> None:
         """Stop the platform, then the node and pod watches (replica pods keep running)."""
+        if self.etcd_maintenance is not None:
+            await self.etcd_maintenance.stop()
         await self.platform.stop(stop_kernels=self.stop_kernels_on_shutdown)
         if self.node_hosts is not None:
             await self.node_hosts.stop()
@@ -362,7 +390,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
 
     def _create_request_handlers(self) -> list[tuple]:
         """EG's handlers, with our API first and EG's channels handler replaced by ours."""
-        ours = [(url_path_join("/", self.base_url, pattern), cls) for pattern, cls in notebookos_handlers()]
+        ours = [(url_path_join("/", self.base_url, pattern), *rest) for pattern, *rest in notebookos_handlers()]
         overrides = {url_path_join("/", self.base_url, p): cls for p, cls in handler_overrides()}
         handlers: list[tuple] = []
         for pattern, *rest in super()._create_request_handlers():

@@ -60,6 +60,9 @@ class Autoscaler:
             return decision
         platform.log.info("%s", decision)
         self.history.append({"at": time.time(), "decision": str(decision), "action": decision.action})
+        platform.events.record(
+            "scaling", decision.action, str(decision), add_hosts=decision.add_hosts, remove=list(decision.remove)
+        )
         if decision.add_hosts:
             platform.metrics.scaling_events.labels("out").inc(decision.add_hosts)
             await self.provisioner.provision(decision.add_hosts, platform.add_host)

@@ -1,4 +1,4 @@
-"""Our REST endpoints beside Enterprise Gateway's: ``/api/notebookos/*`` and ``/metrics``.
+"""Our REST endpoints beside Enterprise Gateway's: ``/api/notebookos/*``, ``/metrics`` and the dashboard's page.
 
 They identify the requester as EG's handlers do in this gateway (:mod:`jupyter_notebookos.gateway.ownership`):
 the admin token sees everything, a user sees their own kernels in full and other users' only as load, and
@@ -16,6 +16,7 @@ from jupyter_server.base.handlers import APIHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 
+from jupyter_notebookos.gateway.dashboard import cluster_totals, dashboard_handlers
 from jupyter_notebookos.gateway.ownership import IdentifiedHandlerMixin, cluster_view, kernel_owner
 
 
@@ -35,12 +36,41 @@ class _NotebookOSHandler(IdentifiedHandlerMixin, CORSMixin, JSONErrorsMixin, API
 
 
 class ClusterHandler(_NotebookOSHandler):
-    """``GET /api/notebookos/cluster``: hosts, GPUs, the subscription ratio and the kernels."""
+    """``GET /api/notebookos/cluster``: hosts, GPUs, the subscription ratio, the kernels, and their ``totals``."""
 
     async def get(self) -> None:
         assert self.identity is not None
         snapshot = self.platform.cluster_snapshot()
-        self.write_json(cluster_view(snapshot, self.identity, lambda kernel_id: kernel_owner(self.settings, kernel_id)))
+        view = cluster_view(snapshot, self.identity, lambda kernel_id: kernel_owner(self.settings, kernel_id))
+        view["totals"] = cluster_totals(view, unowned="(admin)" if self.identity.is_admin else "(other users)")
+        self.write_json(view)
+
+
+class EventsHandler(_NotebookOSHandler):
+    """``GET /api/notebookos/events?since=N``: migrations, scaling rounds and hosts joining or leaving, after
+    event N (0: all the gateway keeps). A user sees other users' kernels' events without their kernel ids."""
+
+    async def get(self) -> None:
+        assert self.identity is not None
+        raw = self.get_query_argument("since", "0")
+        try:
+            since = int(raw)
+        except ValueError:
+            raise web.HTTPError(400, f"since={raw!r} is not an event number (a whole number)") from None
+        events = self.platform.events.since(since)
+        if not self.identity.is_admin:
+            events = [e if self._mine(e) else _anonymous_event(e) for e in events]
+        self.write_json({"events": events, "last": self.platform.events.last})
+
+    def _mine(self, event: dict[str, Any]) -> bool:
+        assert self.identity is not None
+        return not event.get("kernel_id") or kernel_owner(self.settings, event["kernel_id"]) == self.identity.name
+
+
+def _anonymous_event(event: dict[str, Any]) -> dict[str, Any]:
+    """An event of another user's kernel, as a user may see it: where and why, not whose."""
+    where = f"{event.get('source')} -> {event.get('target')}"
+    return {**event, "kernel_id": None, "summary": f"a replica of another user's kernel: {where} ({event['action']})"}
 
 
 class MetricsHandler(_NotebookOSHandler):
@@ -108,10 +138,12 @@ class MigrateHandler(_NotebookOSHandler):
         self.write_json(result)
 
 
-def notebookos_handlers() -> list[tuple[str, type]]:
-    """Our URL patterns (relative to ``base_url``) and their handlers."""
+def notebookos_handlers() -> list[tuple[str, type] | tuple[str, type, dict[str, Any]]]:
+    """Our URL patterns (relative to ``base_url``) and their handlers (and the handler's options, if any)."""
     return [
+        *dashboard_handlers(),
         (r"/api/notebookos/cluster", ClusterHandler),
+        (r"/api/notebookos/events", EventsHandler),
         (r"/api/notebookos/kernels/(?P<kernel_id>[^/]+)", KernelHandler),
         (r"/api/notebookos/kernels/(?P<kernel_id>[^/]+)/replicas/(?P<replica_id>[^/]+)/migrate", MigrateHandler),
         (r"/metrics", MetricsHandler),

@@ -21,11 +21,13 @@ from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.coordination.quarantine import quarantine
 from jupyter_notebookos.gateway.access import KernelAccess, KernelAccessManager, ensure_etcd_auth, replica_env
 from jupyter_notebookos.gateway.autoscaler import Autoscaler
+from jupyter_notebookos.gateway.events import EventLog
 from jupyter_notebookos.gateway.ledger import LedgerReleases
 from jupyter_notebookos.gateway.metrics import PlatformMetrics
 from jupyter_notebookos.gateway.migration import MigrationRunner
 from jupyter_notebookos.gateway.reconcile import DEFAULT_RECONCILE_INTERVAL, LedgerReconciler
 from jupyter_notebookos.gateway.rejoin import DEFAULT_REJOIN_GRACE, await_rejoin
+from jupyter_notebookos.gateway.residency import GpuResidency
 from jupyter_notebookos.gateway.router import (
     CellGrant,
     CellRejected,
@@ -162,8 +164,12 @@ class GatewayPlatform:
         # Seconds between two reconciliations of the GPU ledger with the scheduler (the app sets it; 0: off).
         self.reconcile_interval = DEFAULT_RECONCILE_INTERVAL
         self.reconciler: LedgerReconciler | None = None
+        # Replicas keep GPU state on the device between cells, evicted when the GPU changes hands (the app sets it).
+        self.gpu_sticky = False
+        self.residency = GpuResidency()
         self.log = log
         self.metrics = PlatformMetrics()
+        self.events = EventLog()  # migrations, scaling, hosts: the dashboard's timeline
         real = nvml_devices()
         self.hosts = {
             name: HostRecord(name, host_devices(name, gpus_per_host, real=real))
@@ -507,6 +513,7 @@ class GatewayPlatform:
 
     async def _stop_kernel(self, kernel_id: str, *, now: bool) -> None:
         record = self.kernels.pop(kernel_id, None)
+        self.residency.forget(kernel_id)
         if record is None:
             return
         record.router.shutting_down = True
@@ -579,6 +586,8 @@ class GatewayPlatform:
                 "KERNEL_GPUS": str(record.gpus),
             }
         )
+        if self.gpu_sticky:
+            env[protocol.ENV_GPU_STICKY] = "1"
         return env
 
     def _launch_failure(self, record: KernelRecord, missing: set[str], timeout: float) -> str:
@@ -622,6 +631,7 @@ class GatewayPlatform:
 
     def _replica_lost(self, router: ReplicaRouter, registration: ReplicaRegistration, why: str) -> None:
         """A replica is gone: tell the scheduler now, and start the replacement it places."""
+        self.residency.forget(router.kernel_id, registration.replica_id)  # its device memory went with it
         record = self.kernels.get(router.kernel_id)
         if record is None:
             return
@@ -691,6 +701,7 @@ class GatewayPlatform:
         ``simulated=False``: a real machine whose GPUs its replicas bind (a Kubernetes GPU node)."""
         host = HostRecord(name, host_devices(name, gpus, real=[]))
         self.hosts[name] = host
+        self.events.record("host", "added", f"host {name} joined with {gpus} GPU(s)", host=name, gpus=gpus)
         self._log_decision(
             self.scheduler.add_host(
                 HostSpec(name, gpus, tuple(d.index for d in host.devices), simulated), now=self.now()
@@ -709,6 +720,7 @@ class GatewayPlatform:
         decision = self.scheduler.remove_host(name, now=self.now())
         self._log_decision(decision)
         self.hosts.pop(name, None)
+        self.events.record("host", "removed", f"host {name} left: {decision}", host=name)
         for lost in getattr(decision, "lost", ()):
             record = self.kernels.get(lost.replica.kernel_id)
             if record is None:
@@ -792,9 +804,27 @@ class GatewayPlatform:
         )
         if self.autoscaler is not None:  # kernels this cell stranded move now, off its critical path
             self.autoscaler.start_moves(self.scheduler.prepare_moves(self.now()))
+        await self._make_room(request.kernel_id, grant)
         await self._wait_up_to_date(request, grant, changed)
-        self.metrics.queued_ms.observe((time.monotonic() - request.arrived) * 1000.0)
+        self.metrics.queued_seconds.observe(time.monotonic() - request.arrived)
         return grant
+
+    async def _make_room(self, kernel_id: str, grant: CellGrant) -> None:
+        """Another replica's state still on the granted GPUs (sticky release) moves to host memory first."""
+
+        async def evict(owner: str, replica_id: str) -> dict[str, Any]:
+            record = self.kernels.get(owner)
+            if record is None:
+                return {"status": "error", "evalue": f"kernel {owner} is gone"}
+            return await record.router.evict(replica_id)
+
+        for eviction in await self.residency.make_room(kernel_id, grant.replica_id, grant.host, grant.devices, evict):
+            self.metrics.gpu_evictions.labels("ok" if eviction.status == "ok" else "failed").inc()
+            self.metrics.gpu_eviction_seconds.observe(eviction.seconds)
+
+    def note_resident(self, kernel_id: str, replica_id: str, host: str, devices: list[int]) -> None:
+        """A replica's reply said which devices still hold its GPU state (see :mod:`.residency`)."""
+        self.residency.note(kernel_id, replica_id, host, devices)
 
     async def _migrate_for(
         self, request: CellRequest, decision: MigrateThenRun
@@ -925,6 +955,7 @@ class GatewayPlatform:
                     "pid": registration.pid if registration else handle.pid,
                     "pod": registration.pod if registration else handle.pod,
                     "change_detection": registration.change_detection if registration else None,
+                    "gpus_resident": self.residency.resident_on(kernel_id, rid),
                 }
             )
         summary = router.summary()

@@ -109,6 +109,9 @@ class CellPlanner(Protocol):
     def queue_position(self, kernel_id: str, cell_id: str) -> int | None:
         """The cell's 1-based place in the queue for GPUs; ``None`` when it is not queued (e.g. a migration)."""
 
+    def note_resident(self, kernel_id: str, replica_id: str, host: str, devices: list[int]) -> None:
+        """A replica's reply said its GPU state stays on ``devices`` of ``host`` (sticky release)."""
+
 
 @dataclass(frozen=True)
 class RouterSettings:
@@ -228,6 +231,7 @@ class ReplicaRouter:
         self._changed: dict[int, list[str]] = {}  # log seq -> names its cell's reply said it changed
 
         self._routes: OrderedDict[str, str] = OrderedDict()  # request msg_id -> replica id
+        self._evictions: dict[str, asyncio.Future[dict[str, Any]]] = {}  # evict request msg_id -> its answer
         self._stdin_owner: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._sockets: dict[str, zmq.asyncio.Socket] = {}
@@ -376,6 +380,23 @@ class ReplicaRouter:
             return
         msg = self.signer.make("interrupt_request", {}, self._synthetic_parent("interrupt_request"), idents=[])
         await self.links[target].control.send_multipart(msg.frames())
+
+    async def evict(self, replica_id: str, timeout: float = 60.0) -> dict[str, Any]:
+        """Ask a replica to move the GPU state it keeps between cells to host memory; returns its answer."""
+        link = self.links.get(replica_id)
+        if link is None:
+            return {"status": "error", "evalue": f"replica {replica_id} is not connected"}
+        parent = self._synthetic_parent("notebookos_evict_request")
+        msg = self.signer.make("notebookos_evict_request", {}, parent, idents=[])
+        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._evictions[msg.msg_id] = answer  # the replica answers with this request as the parent
+        try:
+            await link.control.send_multipart(msg.frames())
+            return await asyncio.wait_for(answer, timeout)
+        except TimeoutError:
+            return {"status": "error", "evalue": f"no answer within {timeout:.0f} s"}
+        finally:
+            self._evictions.pop(msg.msg_id, None)
 
     async def close(self) -> None:
         """Stop every loop, close every socket. Replicas are stopped by the caller (it owns the launcher)."""
@@ -958,6 +979,9 @@ class ReplicaRouter:
             metadata[METADATA_KEY] = ours
             if isinstance(ours.get("changed"), list):
                 self._remember_changed(cell.seq, [str(n) for n in ours["changed"]])
+            resident = ours.get("resident")
+            if isinstance(resident, list):
+                self.planner.note_resident(self.kernel_id, link.replica_id, link.host, [int(d) for d in resident])
             msg = self.signer.with_metadata(msg, metadata)
             await self._sockets["shell"].send_multipart(msg.frames())
             # The executor has the state of this cell in memory already.
@@ -971,7 +995,11 @@ class ReplicaRouter:
 
     async def _on_replica_control(self, link: ReplicaLink, msg: WireMessage, frames: list[bytes]) -> None:
         if not msg.idents:
-            return  # a reply to the router's own request (interrupt from a signal)
+            # A reply to the router's own request: an eviction's answer, or an interrupt's (from a signal).
+            answer = self._evictions.get(msg.parent_msg_id)
+            if answer is not None and not answer.done():
+                answer.set_result(msg.content())
+            return
         if msg.msg_type == "shutdown_reply":
             # Every replica answers; clients get one reply.
             if self._routes.pop(msg.parent_msg_id, None) is None:

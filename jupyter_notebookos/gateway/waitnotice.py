@@ -34,6 +34,9 @@ WAIT_MIME = "application/vnd.notebookos.wait+json"
 SHOW_AFTER_S = 0.5
 #: How often the notice is updated while the cell waits.
 UPDATE_EVERY_S = 1.0
+#: What a cell waits for when it is not in the queue: a migration moving one of its replicas to free GPUs, another
+#: replica's GPU state leaving the granted GPUs (sticky GPUs), or the chosen replica catching up.
+PREPARING = "preparing a replica and its GPUs"
 
 
 def ordinal(n: int) -> str:
@@ -46,7 +49,7 @@ def ordinal(n: int) -> str:
 def wait_sentence(gpus: int, position: int | None, waited_s: float) -> str:
     """The notice in words: "waiting for 2 GPUs, 3rd in queue, 12 s"."""
     what = "1 GPU" if gpus == 1 else f"{gpus} GPUs"
-    where = f"{ordinal(position)} in queue" if position else "a replica is moving to a host with free GPUs"
+    where = f"{ordinal(position)} in queue" if position else PREPARING
     return f"waiting for {what}, {where}, {round(waited_s)} s"
 
 
@@ -54,7 +57,7 @@ class WaitNotice:
     """The notice of one waiting cell: shown after :data:`SHOW_AFTER_S`, updated, cleared by :meth:`clear`.
 
     ``position`` says where the cell is in the scheduler's queue (1-based), or ``None`` when it is not queued
-    (a migration is moving one of its replicas, or the chosen replica is catching up).
+    (see :data:`PREPARING`).
     """
 
     def __init__(
@@ -85,7 +88,7 @@ class WaitNotice:
         position = self.position()
         structured: dict[str, object] = {"gpus": self.gpus, "position": position, "waited_s": round(waited, 1)}
         if position is None:
-            structured["reason"] = "a replica is moving to a host with free GPUs"
+            structured["reason"] = PREPARING
         return {
             "data": {
                 WAIT_MIME: structured,

@@ -56,6 +56,25 @@ MAX_HELD_RECORDS = 32
 REJOIN_SECONDS = 60.0
 
 
+def parse_log_record(key: str, value: bytes | str) -> LogRecord | None:
+    """The log record stored at ``key``; a malformed one (not JSON, wrong fields, another seq than its key's)
+    becomes a ``malformed`` record for that seq, so followers and restores step over it and tell the user, instead
+    of stopping or waiting for a seq that never comes. None when not even the key names a seq."""
+    try:
+        seq = int(KeyLayout.last_segment(key))
+    except ValueError:
+        log.error("ignoring %s in the state log: not a log record key", key)
+        return None
+    try:
+        record = LogRecord.from_json(value)
+        if not isinstance(record.seq, int) or record.seq != seq or record.kind not in ("delta", "lost"):
+            raise ValueError(f"it names seq {record.seq!r} and kind {record.kind!r}")
+        return record
+    except (ValueError, TypeError) as exc:
+        log.error("log record %d at %s is malformed (%s): its changes cannot be applied here", seq, key, exc)
+        return LogRecord(seq=seq, kind="malformed", msg_id="", replica_id="")
+
+
 class CoordinationThread:
     """A daemon thread running an asyncio loop for the etcd client."""
 
@@ -168,7 +187,7 @@ class ReplicaAgent:
         ckpt_items, log_items = result.results[0].items, result.results[1].items
         pointer = CheckpointPointer.from_json(ckpt_items[0].value) if ckpt_items else None
         after = pointer.seq if pointer is not None else FIRST_SEQ - 1
-        records = [LogRecord.from_json(kv.value) for kv in log_items]
+        records = [r for kv in log_items if (r := parse_log_record(kv.key, kv.value)) is not None]
         return LogSnapshot(pointer, [r for r in records if r.seq > after], result.revision)
 
     async def referenced_objects(self) -> tuple[int | None, set[str]]:
@@ -188,7 +207,8 @@ class ReplicaAgent:
         pointer = CheckpointPointer.from_json(ckpt_items[0].value) if ckpt_items else None
         keys = {pointer.ref, *pointer.objects} if pointer is not None else set()
         for kv in log_items:
-            keys.update(LogRecord.from_json(kv.value).objects)
+            record = parse_log_record(kv.key, kv.value)
+            keys.update(record.objects if record is not None else ())
         return (pointer.seq if pointer is not None else None), keys
 
     def register(self, registration: ReplicaRegistration) -> None:
@@ -219,12 +239,9 @@ class ReplicaAgent:
             try:
                 async for event in watch:
                     if event.type is EventType.PUT:
-                        try:
-                            record = LogRecord.from_json(event.value)
-                        except (ValueError, TypeError) as exc:
-                            log.error("ignoring malformed log record at %s: %s", event.key, exc)
-                            continue
-                        on_record(record)
+                        record = parse_log_record(event.key, event.value)
+                        if record is not None:
+                            on_record(record)
             except CoordinationError as exc:
                 if not self._stopping:
                     self._fatal(f"lost the watch on the state log ({exc}); this replica cannot stay in step")
@@ -369,7 +386,9 @@ class ReplicaAgent:
     ) -> PublishOutcome:
         """Why ``record`` was not written by a refused publication (or that an earlier attempt wrote it)."""
         if log_items:
-            existing = LogRecord.from_json(log_items[0].value)
+            existing = parse_log_record(log_items[0].key, log_items[0].value) or LogRecord(
+                seq=record.seq, kind="malformed", msg_id="", replica_id=""
+            )
             if existing.msg_id == record.msg_id and existing.replica_id == record.replica_id:
                 return PublishOutcome(record.seq, True)  # our own earlier attempt got through
             return PublishOutcome(

@@ -43,6 +43,11 @@ class LostChanges:
         if names and all(c.seq != seq for c in self.pending):
             self.pending.append(LostChange(seq, sorted(set(names)), reason, kept))
 
+    def add_unreadable(self, seq: int) -> None:
+        """The record at ``seq`` could not be read (malformed in etcd): which names it changed is unknown."""
+        if all(c.seq != seq for c in self.pending):
+            self.pending.append(LostChange(seq, [], "its record in etcd is malformed"))
+
     def forget_before(self, seq: int) -> None:
         """A later cell's record (``seq``) was applied here: its executor told the user already."""
         self.pending = [c for c in self.pending if c.seq >= seq]
@@ -56,6 +61,13 @@ class LostChanges:
         lines = []
         for change in due:
             why = f" ({change.reason})" if change.reason else ""
+            if not change.names:
+                lines.append(
+                    f"NotebookOS: the changes of an earlier cell (log record {change.seq}) could not be applied on "
+                    f"this replica{why}; which names it changed is unknown. Names that cell set may be missing or "
+                    "hold older values here: run it again if you need them."
+                )
+                continue
             now = ", ".join(
                 f"{name} = {_REPR.repr(namespace[name])}" if name in namespace else f"{name} is not defined"
                 for name in change.names

@@ -211,6 +211,8 @@ class ReplicaKernel(IPythonKernel):
             self.lost_changes.add(record.seq, list(record.unserializable), "the object store refused them")
         elif record.kind == "lost":
             self.lost_changes.add(record.seq, [*record.names, *record.deleted], "its replica stopped first")
+        elif record.kind == "malformed":
+            self.lost_changes.add_unreadable(record.seq)
         else:
             self.lost_changes.forget_before(record.seq)
         if record.kind == "delta":
@@ -586,6 +588,8 @@ class ReplicaKernel(IPythonKernel):
             "gpus": list(cell.directive.gpus) if cell else [],
             "seq": cell.directive.seq if cell else None,
         }
+        if self.gpus.resident:
+            info["resident"] = self.gpus.resident  # sticky: the state stays on these devices until evicted
         if cell is not None and cell.pending is not None and cell.pending.unserializable:
             info["unserializable"] = cell.pending.unserializable
         if cell is not None and cell.pending is not None and (cell.pending.names or cell.pending.deleted):

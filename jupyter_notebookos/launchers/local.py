@@ -43,8 +43,11 @@ from jupyter_notebookos.launchers.base import (
     ReplicaSpec,
     ReplicaStatus,
 )
+from jupyter_notebookos.launchers.hostnet import HostNetwork, HostNetworkError
 from jupyter_notebookos.replication.protocol import (
+    ENV_ETCD_ENDPOINTS,
     ENV_HOST,
+    ENV_IP,
     ENV_KERNEL_ID,
     ENV_KERNEL_UID,
     ENV_OBJECT_STORE_URL,
@@ -110,6 +113,16 @@ class LocalLauncher(Launcher):
         "gateway runs as root and the Python environment is readable by other users; 'on': always, or refuse "
         "to start kernels; 'off': replicas run as the gateway's user, and kernels are not isolated from each "
         "other or from the gateway's files.",
+    )
+
+    host_network = Enum(
+        ["shared", "netns"],
+        "shared",
+        config=True,
+        help="'shared': every simulated host's replicas use this machine's network (127.0.0.1). 'netns' (root): "
+        "each host is a network namespace on a bridge of its own (launchers/hostnet.py), so a host can be cut "
+        "off from etcd and the gateway (a network partition); etcd must listen on the bridge's address, as "
+        "`notebookos up --host-network netns` arranges. Replicas then start cold (no warm pool).",
     )
 
     kernel_uid_base = Int(
@@ -250,12 +263,17 @@ class LocalLauncher(Launcher):
                 }
             )
         cwd = env.get("KERNEL_WORKING_DIR") or None
-        child = self._assign_warm(env, log_path, cwd)
+        command = [self.python, "-m", "jupyter_notebookos.kernel"]
+        if self.host_network == "netns":
+            command = self._in_host_network(spec.host, env, command)
+            child = None  # warm processes wait in this machine's network, not the host's
+        else:
+            child = self._assign_warm(env, log_path, cwd)
         try:
             if child is None:
                 with open(log_path, "ab") as out:
                     child = subprocess.Popen(
-                        [self.python, "-m", "jupyter_notebookos.kernel"],
+                        command,
                         env=env,
                         stdout=out,
                         stderr=subprocess.STDOUT,
@@ -266,7 +284,8 @@ class LocalLauncher(Launcher):
         except OSError as err:
             raise LaunchError(f"could not start replica {spec.replica_id} of kernel {spec.kernel_id}: {err}") from err
         finally:
-            self._refill(startup_env(env))
+            if self.host_network != "netns":
+                self._refill(startup_env(env))
         self._children[(spec.kernel_id, spec.replica_id)] = child
         self._pid_path(spec.kernel_id, spec.replica_id).write_text(
             json.dumps(
@@ -286,6 +305,26 @@ class LocalLauncher(Launcher):
             log_path,
         )
         return ReplicaHandle(spec.kernel_id, spec.replica_id, spec.host, pid=child.pid)
+
+    def _in_host_network(self, host: str, env: dict[str, str], command: list[str]) -> list[str]:
+        """``command`` run in the host's network namespace; the replica binds on the host's address and reaches
+        etcd on the bridge's instead of 127.0.0.1."""
+        network = HostNetwork.for_state_dir(Path(self.log_dir).resolve().parent)
+        try:
+            env[ENV_IP] = network.ensure_host(host)
+        except HostNetworkError as err:
+            raise LaunchError(f"could not give host {host} its network namespace: {err}") from err
+        endpoints = env.get(ENV_ETCD_ENDPOINTS, "").split(",")
+        env[ENV_ETCD_ENDPOINTS] = ",".join(e.replace("127.0.0.1:", f"{network.bridge_ip}:") for e in endpoints if e)
+        return network.command(host, command)
+
+    def warm(self) -> None:
+        """Start the pool now (the gateway calls this at start-up, so the first kernel finds it ready).
+
+        Kernels get the gateway's own start-up variables (Enterprise Gateway passes them on), so the pool
+        starts with those; a replica asked for with others is started cold and the pool follows it."""
+        if self.host_network != "netns":
+            self._refill(startup_env(dict(os.environ)))
 
     # -- the warm pool -------------------------------------------------------------------------------------
 
@@ -344,13 +383,6 @@ class LocalLauncher(Launcher):
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(1)
         return False
-
-    def warm(self) -> None:
-        """Start the pool now (the gateway calls this at start-up, so the first kernel finds it ready).
-
-        Kernels get the gateway's own start-up variables (Enterprise Gateway passes them on), so the pool
-        starts with those; a replica asked for with others is started cold and the pool follows it."""
-        self._refill(startup_env(dict(os.environ)))
 
     async def stop(self) -> None:
         """Let the warm processes go (replicas themselves are stopped one by one by the platform)."""

@@ -187,7 +187,7 @@ class LogRecord:
     """One state-delta record at ``keys.log(kid, seq)``."""
 
     seq: int
-    kind: str  # "delta" or "lost"
+    kind: str  # "delta" or "lost"; a replica reads a record it cannot parse as "malformed" (never written)
     msg_id: str
     replica_id: str
     # The serialized delta: base64 inline (``payload``) when small, else an object-store key (``payload_ref``).

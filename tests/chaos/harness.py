@@ -1,17 +1,21 @@
 """A chaos harness with a history checker, for `tests/chaos/` (short, in CI) and `benchmarks/chaos.py` (long).
 
 Several kernels run a deterministic workload while a seeded schedule injects faults: SIGKILL and SIGSTOP of
-replicas, SIGKILL of the executor in the middle of a cell, SIGSTOP of the etcd leader. Every reply is recorded;
-the checker then holds the history against each kernel's final state:
+replicas, SIGKILL of the executor in the middle of a cell, SIGSTOP of the etcd leader, SIGKILL of an etcd member
+(leader or not; `notebookos up` starts it again), SIGKILL of the gateway (`notebookos up` starts it again and it
+re-attaches to the running kernels; clients reconnect, as Lab does), and the object store made read-only for a few
+seconds, and (as root, the hosts being network namespaces) a host partitioned from etcd, the gateway and the other
+hosts for a few seconds. Every reply is recorded; the checker then holds the history against each kernel's final
+state:
 
 - cell ``k`` of a kernel runs ``time.sleep(s); log.append(k); len(log)``. The final ``log`` holds each cell at
   most once, in order; an ``ok`` reply's ``len(log)`` is exactly its cell's position in the final log
   (linearizable: nothing acknowledged is reordered or applied twice);
-- a cell answered with an error (a NotebookOS error, never the user's) is in the log or not: one append is
-  applied fully or not at all;
+- a cell answered with an error (a NotebookOS error, never the user's), or whose reply never came because the
+  gateway died under it, is in the log or not: one append is applied fully or not at all;
 - an acknowledged cell missing from the final log must have been announced by the kernel's next acknowledged
   cell ("were lost" in its output): never lost silently;
-- afterwards no GPU stays committed, and once the platform stops no process of it is left.
+- afterwards no GPU stays committed, and once the platform stops (SIGTERM) no process of it is left.
 """
 
 from __future__ import annotations
@@ -29,13 +33,28 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import websocket
 
-from jupyter_notebookos.client import GatewayClient, GatewayError
+from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
 from jupyter_notebookos.embedded.platform import RUNTIME_FILE
 from jupyter_notebookos.embedded.runner import PlatformProcess, processes_of
+from jupyter_notebookos.launchers.hostnet import HostNetwork
 
 KERNEL = "python3-notebookos"
-FAULTS = ("kill-replica", "stop-replica", "kill-executor-mid-cell", "stop-etcd-leader")
+FAULTS = (
+    "kill-replica",
+    "stop-replica",
+    "kill-executor-mid-cell",
+    "stop-etcd-leader",
+    "kill-etcd-member",
+    "kill-gateway",
+    "read-only-store",
+    "partition-host",
+)
+#: Faults that need the simulated hosts to be network namespaces (root; `notebookos up --host-network netns`).
+NETNS_FAULTS = ("partition-host",)
+#: What a client meets when the gateway dies under it (the websocket or the HTTP connection breaks).
+CONNECTION_LOST = (OSError, websocket.WebSocketException)
 
 
 @dataclass
@@ -44,7 +63,7 @@ class Reply:
 
     kernel_id: str
     k: int
-    status: str
+    status: str  # "ok", "error", or "unknown" (the gateway died before the reply reached the client)
     value: int | None
     notice: bool  # the cell's output said an earlier cell's changes were lost
     evalue: str = ""
@@ -100,7 +119,22 @@ def check_history(replies: list[Reply], final: dict[str, list[int]]) -> list[str
 class ChaosRun:
     """One platform, ``kernels`` kernels, ``seconds`` of workload and a fault every ``fault_every`` seconds."""
 
-    def __init__(self, state_dir: Path, *, seed: int, kernels: int = 2, seconds: float = 60, fault_every: float = 6):
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        seed: int,
+        kernels: int = 2,
+        seconds: float = 60,
+        fault_every: float = 6,
+        faults: tuple[str, ...] = FAULTS,
+    ):
+        unknown = set(faults) - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
+        # Partitions need network namespaces: without root the schedule draws from the other faults.
+        self.netns = HostNetwork.unavailable() is None
+        self.faults = faults if self.netns else tuple(f for f in faults if f not in NETNS_FAULTS)
         self.state_dir = state_dir
         self.seed = seed
         self.rng = random.Random(seed)  # the fault schedule; each workload thread has its own
@@ -110,15 +144,17 @@ class ChaosRun:
         self.report = ChaosReport()
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._busy: dict[str, str] = {}  # kernel -> replica running its current cell
+        self._platform: PlatformProcess | None = None
 
     def run(self) -> ChaosReport:
         platform = PlatformProcess.start(
             self.state_dir,
             "--hosts", "4", "--gpus-per-host", "2", "--etcd-members", "3",
             "--gateway-option", "NotebookOSGatewayApp.ledger_reconcile_interval=2",
+            "--host-network", "netns" if self.netns else "shared",
             cwd=Path(__file__).resolve().parents[2],
         )  # fmt: skip
+        self._platform = platform
         try:
             client = platform.client
             ids = [client.start_kernel(KERNEL) for _ in range(self.kernels)]
@@ -140,17 +176,23 @@ class ChaosRun:
                 with contextlib.suppress(GatewayError):
                     client.shutdown_kernel(kid)
         finally:
-            platform.stop(60)
-        time.sleep(1)
-        left = processes_of(self.state_dir)
+            platform.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(Exception):
+                platform.process.wait(60)
+            time.sleep(1)
+            left = processes_of(self.state_dir)
+            platform.stop(60)  # kills whatever SIGTERM left behind, after it was counted
         if left:
-            self.report.anomalies.append(f"processes left after the platform stopped: {[p.pid for p in left]}")
+            self.report.anomalies.append(
+                f"processes left after the platform stopped: {[(p.pid, p.name()) for p in left if p.is_running()]}"
+            )
         return self.report
 
     # -- the workload ------------------------------------------------------------------------------
 
     def _workload(self, client: GatewayClient, kernel_id: str, rng: random.Random) -> None:
-        with client.connect(kernel_id) as conn:
+        conn = self._reconnect(client, kernel_id)
+        try:
             conn.execute("import time\nlog = []")
             k = 0
             while not self._stop.is_set():
@@ -161,6 +203,13 @@ class ChaosRun:
                 except TimeoutError:
                     self.report.anomalies.append(f"kernel {kernel_id} cell {k}: no reply within 120 s")
                     return
+                except CONNECTION_LOST:
+                    # The gateway died under this cell: applied or not, nobody was told. Reconnect, as Lab does.
+                    with self._lock:
+                        self.report.replies.append(Reply(kernel_id, k, "unknown", None, False))
+                    conn.close()
+                    conn = self._reconnect(client, kernel_id)
+                    continue
                 content = result.reply["content"]
                 value = int(result.result_text()) if result.status == "ok" else None
                 notice = "were lost" in result.stderr
@@ -170,9 +219,23 @@ class ChaosRun:
                     )
                 if result.status != "ok":
                     time.sleep(0.5)  # the kernel heals meanwhile
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _reconnect(client: GatewayClient, kernel_id: str, timeout: float = 120.0) -> KernelConnection:
+        """The kernel's channels again, once the gateway (restarted by `notebookos up`) serves it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return client.connect(kernel_id)
+            except (*CONNECTION_LOST, GatewayError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def _final_log(self, client: GatewayClient, kernel_id: str) -> list[int]:
-        with client.connect(kernel_id) as conn:
+        with self._reconnect(client, kernel_id) as conn:
             for _ in range(30):
                 result = conn.execute("import json\nprint(json.dumps(log))")
                 if result.status == "ok":
@@ -196,11 +259,11 @@ class ChaosRun:
         began = time.monotonic()
         while time.monotonic() - began < self.seconds:
             time.sleep(self.fault_every * self.rng.uniform(0.5, 1.5))
-            fault = self.rng.choice(FAULTS)
+            fault = self.rng.choice(self.faults)
             kernel_id = self.rng.choice(ids)
             try:
                 done = getattr(self, "_" + fault.replace("-", "_"))(client, kernel_id)
-            except (GatewayError, psutil.Error, OSError) as err:
+            except (GatewayError, psutil.Error, *CONNECTION_LOST, StopIteration) as err:
                 done = f"{fault} failed to inject: {err}"
             self.report.faults.append(f"{time.monotonic() - began:5.1f} s {done}")
 
@@ -247,3 +310,54 @@ class ChaosRun:
                     proc.send_signal(signal.SIGCONT)
                     return f"SIGSTOP/SIGCONT etcd leader {endpoint}"
         return "no etcd leader found: nothing stopped"
+
+    def _kill_etcd_member(self, client: GatewayClient, kernel_id: str) -> str:
+        endpoint = self.rng.choice(json.loads((self.state_dir / RUNTIME_FILE).read_text())["etcd_endpoints"])
+        url = f"http://{endpoint}" if not endpoint.startswith("http") else endpoint
+        proc = next(
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [""])[0].endswith("etcd") and url in " ".join(p.info["cmdline"])
+        )
+        proc.send_signal(signal.SIGKILL)
+        return f"SIGKILL etcd member {endpoint} (notebookos up starts it again)"
+
+    def _kill_gateway(self, client: GatewayClient, kernel_id: str) -> str:
+        assert self._platform is not None
+        gateway = next(p for p in self._platform.descendants() if "jupyter_notebookos.gateway" in " ".join(p.cmdline()))
+        gateway.send_signal(signal.SIGKILL)
+        gateway.wait(10)  # gone before asking for the new one: the old one may still answer for a moment
+        began = time.monotonic()
+        while time.monotonic() - began < 120:  # the next fault waits for the restarted gateway
+            with contextlib.suppress(GatewayError, *CONNECTION_LOST):
+                client.request("GET", "/api/notebookos/cluster")
+                return f"SIGKILL gateway (back in {time.monotonic() - began:.1f} s)"
+            time.sleep(0.5)
+        self.report.anomalies.append("the gateway did not come back within 120 s of its SIGKILL")
+        return "SIGKILL gateway (never came back)"
+
+    def _read_only_store(self, client: GatewayClient, kernel_id: str) -> str:
+        """Every directory of the object store read-only for a few seconds (replicas run as their own users, so
+        it refuses their uploads and checkpoints); then the modes are put back."""
+        store = self.state_dir / "objects"
+        modes = {path: path.stat().st_mode for path in [store, *store.rglob("*")] if path.is_dir()}
+        for path, mode in modes.items():
+            path.chmod(mode & ~0o222)
+        pause = self.rng.uniform(1, 4)
+        time.sleep(pause)
+        for path, mode in modes.items():
+            with contextlib.suppress(OSError):
+                path.chmod(mode)
+        return f"object store read-only for {pause:.1f} s ({len(modes)} directories)"
+
+    def _partition_host(self, client: GatewayClient, kernel_id: str) -> str:
+        """One host of the kernel's replicas cut off from etcd, the gateway and the other hosts for 2 to 8 s."""
+        host = self.rng.choice(sorted({r["host"] for r in self._replicas(client, kernel_id)}))
+        network = HostNetwork.for_state_dir(self.state_dir)
+        network.partition(host)
+        pause = self.rng.uniform(2, 8)
+        try:
+            time.sleep(pause)
+        finally:
+            network.heal(host)
+        return f"partition of {host} for {pause:.1f} s"

@@ -1,0 +1,332 @@
+"""What an operator sees, end to end on one platform (real etcd, gateway, kernels): the metric names of
+/metrics, the Grafana dashboard's queries against them, the dashboard page's access rules, the events
+timeline, and the CLI (status, one kernel, --watch, migrate, and its one-line errors)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import secrets
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+from support import NOTEBOOKOS, REPO, Platform, free_port, start_platform, stop_platform
+
+from jupyter_notebookos.cli import main
+
+KERNEL = "python3-notebookos"
+ALICE = "alice-" + secrets.token_hex(16)
+METRICS = "metrics-" + secrets.token_hex(16)
+GRAFANA = REPO / "helm" / "notebookos" / "dashboards" / "notebookos.json"
+OBSERVABILITY_DOC = REPO / "docs" / "observability.md"
+
+
+@pytest.fixture(scope="module")
+def ops_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    """4 hosts x 2 GPUs, a user (alice) in a token file and a metrics token."""
+    home = tmp_path_factory.mktemp("ops")
+    tokens = home / "tokens.json"
+    tokens.write_text(json.dumps({ALICE: "alice"}))
+    tokens.chmod(0o600)
+    platform = start_platform(
+        home / "state",
+        "--hosts",
+        "4",
+        "--gpus-per-host",
+        "2",
+        "--gateway-option",
+        f"NotebookOSGatewayApp.user_tokens_file={tokens}",
+        "--gateway-option",
+        f"NotebookOSGatewayApp.metrics_token={METRICS}",
+    )
+    try:
+        yield platform
+    finally:
+        stop_platform(platform)
+
+
+@pytest.fixture(scope="module")
+def kernel(ops_up: Platform) -> Iterator[str]:
+    """A NotebookOS kernel of the admin that ran one cell."""
+    client = ops_up.client
+    kernel_id = client.start_kernel(KERNEL)
+    with client.connect(kernel_id) as conn:
+        assert conn.execute("x = 41").status == "ok"
+    try:
+        yield kernel_id
+    finally:
+        client.shutdown_kernel(kernel_id)
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the console script ``notebookos ARGS`` with no gateway in its environment unless ``env`` sets one."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER_GATEWAY_", "NOTEBOOKOS_TOKEN"))}
+    return subprocess.run(
+        [*NOTEBOOKOS, *args], capture_output=True, text=True, timeout=120, cwd=REPO, env={**base, **(env or {})}
+    )
+
+
+@dataclass
+class Run:
+    """What one command printed, and its exit status."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def notebookos(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., Run]:
+    """``notebookos ARGS`` in this process (the console script's own ``main``: cheaper than a new Python on a
+    busy CI machine), with no gateway in the environment."""
+    for name in ("JUPYTER_GATEWAY_URL", "JUPYTER_GATEWAY_AUTH_TOKEN", "NOTEBOOKOS_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+
+    def run(*args: str) -> Run:
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as exit:  # --help, or argparse refusing an option
+            code = int(exit.code or 0)
+        out, err = capsys.readouterr()
+        return Run(code, out, err)
+
+    return run
+
+
+def at(platform: Platform, token: str = "") -> list[str]:
+    """The options that name ``platform``'s gateway (with the admin token unless another is given)."""
+    return ["--url", platform.url, "--token", token or platform.token]
+
+
+def scrape(platform: Platform) -> str:
+    """/metrics as Prometheus reads it: with the metrics token as a bearer token."""
+    response = requests.get(platform.url + "/metrics", headers={"Authorization": f"Bearer {METRICS}"}, timeout=30)
+    assert response.status_code == 200
+    return response.text
+
+
+def exposed_names(text: str) -> dict[str, str]:
+    """Every series name a scrape of ``text``'s families can hold (histograms: _bucket, _sum, _count), and its
+    family's type; from the ``# TYPE`` lines, so a labelled metric with no series yet still counts."""
+    names = {}
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE):
+        suffixes = ("_bucket", "_sum", "_count") if kind == "histogram" else ("",)
+        names.update({name + suffix: kind for suffix in suffixes})
+    return names
+
+
+PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan"}
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads: identifiers that are neither functions, aggregation
+    clauses, label names, range durations, nor operators."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # label values
+    expr = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
+    expr = re.sub(r"\[[^\]]*\]", "", expr)  # ranges, $__rate_interval
+    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
+    names = set()
+    for match in re.finditer(r"(?<![\w$.])([A-Za-z_:][A-Za-z0-9_:]*)(\s*\()?", expr):
+        if not match.group(2) and match.group(1) not in PROMQL_WORDS:
+            names.add(match.group(1))
+    return names
+
+
+def grafana_queries(dashboard: dict[str, object]) -> list[str]:
+    """Every PromQL expression of the dashboard, rows' nested panels included."""
+    queries = []
+    stack = list(dashboard["panels"])  # type: ignore[call-overload]
+    while stack:
+        panel = stack.pop()
+        stack.extend(panel.get("panels", []))
+        queries.extend(t["expr"] for t in panel.get("targets", []))
+    return queries
+
+
+def test_promql_name_extraction_sees_through_functions_labels_and_ranges() -> None:
+    expr = 'histogram_quantile(0.95, sum by (le) (rate(a_bucket{state="x y"}[5m]))) / on(host) b_total offset 5m'
+    assert promql_metric_names(expr) == {"a_bucket", "b_total"}
+
+
+def test_metric_names_follow_prometheus_conventions_and_are_documented(ops_up: Platform, kernel: str) -> None:
+    text = scrape(ops_up)
+    families = {f.name: f.type for f in text_string_to_metric_families(text) if f.name.startswith("notebookos_")}
+    assert len(families) >= 14
+    exposed = exposed_names(text)
+    for name, kind in exposed.items():
+        if not name.startswith("notebookos_"):
+            continue
+        assert not re.search(r"milli|micro|_ms\b|minutes|hours|bytes_k", name), f"{name}: use base units"
+        if kind == "counter":
+            assert name.endswith("_total"), f"counter {name} must end in _total"
+        else:
+            assert not name.endswith("_total"), f"{kind} {name} must not end in _total"
+    assert "notebookos_cell_queued_seconds_bucket" in exposed  # a cell ran: its delay is in seconds
+    documented = set(re.findall(r"`(notebookos_\w+)`", OBSERVABILITY_DOC.read_text()))
+    ours = {n for n in re.findall(r"^# TYPE (notebookos_\S+)", text, re.MULTILINE)}
+    assert ours <= documented, f"not in docs/observability.md: {sorted(ours - documented)}"
+
+
+def test_grafana_dashboard_queries_only_metrics_the_gateway_exposes(ops_up: Platform) -> None:
+    dashboard = json.loads(GRAFANA.read_text())
+    exposed = exposed_names(scrape(ops_up))
+    queries = grafana_queries(dashboard)
+    assert len(queries) >= 15
+    read: set[str] = set()
+    for expr in queries:
+        names = promql_metric_names(expr)
+        assert names, f"no metric in {expr!r}"
+        assert names <= set(exposed), f"{expr!r} reads {sorted(names - set(exposed))}, which /metrics does not expose"
+        read |= names
+    # And every family of the gateway has a panel (a new metric belongs on the dashboard too).
+    families = {re.sub(r"_(bucket|sum|count)$", "", n) for n in exposed if n.startswith("notebookos_")}
+    shown = {re.sub(r"_(bucket|sum|count)$", "", n) for n in read}
+    assert families <= shown, f"no panel reads {sorted(families - shown)}"
+
+
+def test_the_dashboard_page_is_the_admins(ops_up: Platform) -> None:
+    page = ops_up.url + "/notebookos/"
+    refused = requests.get(page, timeout=30)
+    assert refused.status_code == 401 and "needs a token" in refused.json()["message"]
+    user = requests.get(page, headers={"Authorization": f"token {ALICE}"}, timeout=30)
+    assert user.status_code == 403 and "for the gateway's admin" in user.json()["message"]
+    assert requests.get(page, headers={"Authorization": f"Bearer {METRICS}"}, timeout=30).status_code == 403
+    admin = requests.get(f"{page}?token={ops_up.token}", timeout=30)
+    assert admin.status_code == 200 and admin.headers["Content-Type"].startswith("text/html")
+    assert "script-src 'self'" in admin.headers["Content-Security-Policy"]
+    assert 'src="/notebookos/static/dashboard.js"' in admin.text
+    script = requests.get(ops_up.url + "/notebookos/static/dashboard.js", timeout=30)
+    assert script.status_code == 200 and "api/notebookos/cluster" in script.text
+    moved = requests.get(f"{ops_up.url}/notebookos?token=x", allow_redirects=False, timeout=30)
+    assert moved.status_code in (301, 302) and moved.headers["Location"] == "/notebookos/?token=x"
+
+
+def test_migrate_from_the_cli_shows_in_status_and_in_the_timeline(
+    ops_up: Platform, kernel: str, notebookos: Callable[..., Run]
+) -> None:
+    before = json.loads(notebookos("status", kernel, "--json", *at(ops_up)).stdout)
+    moving = before["replicas"][0]
+    taken = {r["host"] for r in before["replicas"]}
+    (free,) = {f"host-{i}" for i in range(4)} - taken
+    moved = notebookos("migrate", kernel[:8], moving["replica_id"], "--host", free, *at(ops_up))
+    assert moved.returncode == 0, moved.stderr
+    assert f"moved from {moving['host']} to {free}" in moved.stdout
+
+    shown = notebookos("status", kernel[:8], *at(ops_up))
+    assert shown.returncode == 0, shown.stderr
+    assert free in shown.stdout and moving["host"] not in shown.stdout
+    assert "GPU-seconds:" in shown.stdout and "a reservation would have held" in shown.stdout
+
+    events = ops_up.client.request("GET", "/api/notebookos/events")["events"]
+    migration = [e for e in events if e["kind"] == "migration"]
+    assert [e["action"] for e in migration] == ["started", "ok"]
+    assert all(e["kernel_id"] == kernel and e["target"] == free and e["reason"] == "request" for e in migration)
+    assert all(e["replica_id"] == moving["replica_id"] for e in migration)  # the id the REST API and CLI use
+    # Another user sees that a replica moved, not whose kernel it was.
+    theirs = requests.get(
+        ops_up.url + "/api/notebookos/events?since=0", headers={"Authorization": f"token {ALICE}"}, timeout=30
+    ).json()["events"]
+    assert [e["action"] for e in theirs if e["kind"] == "migration"] == ["started", "ok"]
+    assert all(e["kernel_id"] is None and kernel not in json.dumps(e) for e in theirs)
+    newer = ops_up.client.request("GET", f"/api/notebookos/events?since={events[-1]['seq']}")
+    assert newer == {"events": [], "last": events[-1]["seq"]}
+
+
+def test_status_finds_the_gateway_as_jupyter_servers_do(
+    ops_up: Platform,
+    kernel: str,
+    tmp_path: Path,
+    notebookos: Callable[..., Run],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env = {"JUPYTER_GATEWAY_URL": ops_up.url, "JUPYTER_GATEWAY_AUTH_TOKEN": ops_up.token}
+    shown = cli("status", "--state-dir", str(tmp_path), env=env)  # the console script itself, once
+    assert shown.returncode == 0, shown.stderr
+    assert kernel in shown.stdout and "host-3" in shown.stdout
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    cluster = json.loads(notebookos("status", "--json").stdout)
+    assert cluster["totals"]["kernels"] == 1 and cluster["totals"]["hosts"] == 4
+    # The URL from the environment wins over the state dir's, whose admin token is never sent elsewhere.
+    monkeypatch.delenv("JUPYTER_GATEWAY_AUTH_TOKEN")
+    refused = notebookos("status")
+    assert refused.returncode == 1 and "HTTP 401" in refused.stderr and "JUPYTER_GATEWAY_AUTH_TOKEN" in refused.stderr
+
+
+def test_watch_redraws_until_ctrl_c(ops_up: Platform) -> None:
+    primary, secondary = pty.openpty()  # a terminal: rich redraws in place
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER_GATEWAY_")}
+    watcher = subprocess.Popen(
+        [*NOTEBOOKOS, "status", "--watch", "--interval", "0.3", *at(ops_up)],
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+        cwd=REPO,
+        env={**env, "TERM": "xterm", "COLUMNS": "120"},
+    )
+    os.close(secondary)
+    screen = b""
+    deadline = time.monotonic() + 30
+    try:
+        while screen.count(b"Hosts") < 3 and time.monotonic() < deadline:
+            if select.select([primary], [], [], 0.5)[0]:
+                screen += os.read(primary, 65536)
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(30) == 0
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+        os.close(primary)
+    assert screen.count(b"Hosts") >= 3, screen[-2000:]
+    assert b"Traceback" not in screen
+
+
+ADMIN = ["--url", "{url}", "--token", "{token}"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["status", "no-such-kernel", *ADMIN], "no NotebookOS kernel 'no-such-kernel'"),
+        (["migrate", "{kernel}", "9", *ADMIN], "HTTP 404: kernel {kernel} has no replica 9"),
+        (["migrate", "{kernel}", "{replica}", "--host", "host-99", *ADMIN], "HTTP 404: no host 'host-99'"),
+        (["status", "--url", "{url}", "--token", "not-a-token-of-this-gateway"], "HTTP 401: unknown token"),
+        (["status", "{kernel}", "--url", "{url}", "--token", ALICE], "HTTP 403: kernel {kernel} belongs to another"),
+        (["status", "--url", "{url}", "--token", METRICS], "HTTP 403: the metrics token reads /metrics only"),
+        (["status", "--url", "http://127.0.0.1:{port}"], "cannot reach the gateway at http://127.0.0.1:{port}"),
+        (["status", "--url", "127.0.0.1:8888"], "is not a gateway URL"),
+        (["down", "--state-dir", "/nonexistent-state"], "no running `notebookos up` in /nonexistent-state"),
+    ],
+)
+def test_wrong_input_gets_one_clear_line_and_exit_1(
+    ops_up: Platform, kernel: str, notebookos: Callable[..., Run], args: list[str], expected: str
+) -> None:
+    replica = ops_up.client.notebookos_kernel(kernel)["replicas"][0]["replica_id"]
+    fill = {"kernel": kernel, "replica": replica, "port": str(free_port()), "url": ops_up.url, "token": ops_up.token}
+    result = notebookos(*(a.format(**fill) for a in args))
+    assert result.returncode == 1, result
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"notebookos {args[0]}: "), result.stderr
+    assert expected.format(**fill) in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_help_shows_the_defaults(notebookos: Callable[..., Run]) -> None:
+    status = notebookos("status", "--help").stdout
+    assert "(default: 2.0)" in status and "$JUPYTER_GATEWAY_URL" in status and "$JUPYTER_GATEWAY_AUTH_TOKEN" in status
+    assert "(default: .state)" in status
+    up = notebookos("up", "--help").stdout
+    assert "(default: 4)" in up and "(default: 8888)" in up
+    assert "--host" in notebookos("migrate", "--help").stdout
+    both = notebookos("status", "--json", "--watch")
+    assert both.returncode == 2 and "--json and --watch do not go together" in both.stderr
