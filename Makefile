@@ -26,4 +26,5 @@ bench: bootstrap
 	@for b in benchmarks/*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .venv-lab .venv-hub .hub .state build *.egg-info
+	rm -rf $(VENV) .venv-lab .venv-hub .hub .state build *.egg-info labextension/node_modules \
+		labextension/jupyter_notebookos_lab/labextension labextension/build labextension/*.egg-info

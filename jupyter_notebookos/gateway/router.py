@@ -41,6 +41,7 @@ from jupyter_notebookos.coordination.kv import EventType, WatchEvent
 from jupyter_notebookos.coordination.ridethrough import txn_once
 from jupyter_notebookos.coordination.txn import Compare, Op
 from jupyter_notebookos.gateway.ledger import LedgerReleases
+from jupyter_notebookos.gateway.waitnotice import WaitNotice
 from jupyter_notebookos.gateway.wire import DELIM, MalformedMessage, Signer, WireMessage
 from jupyter_notebookos.replication.protocol import (
     METADATA_KEY,
@@ -104,6 +105,9 @@ class CellPlanner(Protocol):
 
     def release(self, kernel_id: str, cell_id: str) -> None:
         """The cell finished (or failed): its GPUs are idle again."""
+
+    def queue_position(self, kernel_id: str, cell_id: str) -> int | None:
+        """The cell's 1-based place in the queue for GPUs; ``None`` when it is not queued (e.g. a migration)."""
 
     def note_resident(self, kernel_id: str, replica_id: str, host: str, devices: list[int]) -> None:
         """A replica's reply said its GPU state stays on ``devices`` of ``host`` (sticky release)."""
@@ -570,6 +574,7 @@ class ReplicaRouter:
         msg_id = cell.request.msg_id
         request = CellRequest(self.kernel_id, msg_id, self.gpus, cell.arrived, cell.prefer)
         conflicts = 0
+        notice: WaitNotice | None = None  # what the client sees while the cell waits (not on the fast path)
         while True:
             self.waiting = cell
             cell.waiter = asyncio.ensure_future(self.planner.acquire(request, self.changed))
@@ -582,6 +587,14 @@ class ReplicaRouter:
                         "status", {"execution_state": "busy"}, cell.request, idents=[b"kernel.status"]
                     )
                     await self._sockets["iopub"].send_multipart(busy.frames())
+                    notice = WaitNotice(
+                        signer=self.signer,
+                        iopub=self._sockets["iopub"],
+                        request=cell.request,
+                        gpus=self.gpus,
+                        arrived=cell.arrived,
+                        position=lambda: self.planner.queue_position(self.kernel_id, msg_id),
+                    )
                 grant = await cell.waiter
             except CellRejected as err:
                 self._error_reply(cell, "NotebookOSCellRejected", str(err))
@@ -596,6 +609,9 @@ class ReplicaRouter:
                 return
             finally:
                 self.waiting, cell.waiter = None, None
+                if notice is not None:  # cleared before the request reaches its executor
+                    notice.clear()
+                    notice = None
             if grant.replica_id not in self.registrations:
                 self.planner.release(self.kernel_id, msg_id)
                 await asyncio.sleep(0.05)

@@ -133,9 +133,14 @@ def isolated_env(home: Path) -> dict[str, str]:
 
 
 def start_gateway(
-    workdir: Path, kind: str = "notebookos", token: str | None = None, extra_env: dict[str, str] | None = None
+    workdir: Path,
+    kind: str = "notebookos",
+    token: str | None = None,
+    extra_env: dict[str, str] | None = None,
+    extra_args: list[str] | None = None,
 ) -> Service:
-    """Start a gateway on a free port; `kind` is one of gateway_launcher.KINDS."""
+    """Start a gateway on a free port; `kind` is one of gateway_launcher.KINDS; `extra_args` go to the app
+    (e.g. ``--NotebookOSGatewayApp.simulated_hosts=3``)."""
     token = secrets.token_hex(16) if token is None else token
     port = free_port()
     env = isolated_env(workdir / "gateway-home")
@@ -145,7 +150,7 @@ def start_gateway(
     argv = [str(GATEWAY_PYTHON), str(LAUNCHER), "--gateway", kind]
     env["EG_AUTH_TOKEN"] = token
     env.update(extra_env or {})
-    argv += ["--ip=127.0.0.1", f"--port={port}", "--port_retries=0"]
+    argv += ["--ip=127.0.0.1", f"--port={port}", "--port_retries=0", *(extra_args or [])]
     service = _spawn(f"gateway-{kind}", argv, env, workdir)
     service.url, service.token = f"http://127.0.0.1:{port}", token
     try:
@@ -167,7 +172,8 @@ def start_lab(workdir: Path, gateway: Service) -> Service:
         str(LAB_JUPYTER), "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
         "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
         f"--gateway-url={gateway.url}", f"--GatewayClient.auth_token={gateway.token}",
-        "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
+        "--LabApp.expose_app_in_browser=True", "--JupyterNotebookApp.expose_app_in_browser=True",
+        "--LabApp.news_url=None",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
     ]  # fmt: skip
     service = _spawn("lab", argv, env, workdir)
