@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from jupyter_notebookos.coordination.election import fence, open_term
 from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.coordination.ridethrough import txn_once
 from jupyter_notebookos.coordination.txn import Compare, Op
@@ -66,10 +67,11 @@ class CellCommits(RouterState):
                 # create_revision (the fence a stale executor's log write will fail on).
                 if not self._executor_key_absent:
                     await self.coordinator.delete(executor_key)
-                compares.append(Compare.absent(executor_key))
-                ops.append(Op.put(executor_key, grant.replica_id, lease=registration.lease))
+                vacant, claim_term = open_term(executor_key, grant.replica_id, registration.lease)
+                compares.append(vacant)
+                ops.append(claim_term)
             else:
-                compares.append(Compare.create_revision(executor_key, "==", self.fence))
+                compares.append(fence(executor_key, self.fence))
             # A leader election while this runs is settled, not reported (the record is unique to this attempt).
             result = await txn_once(self.coordinator, compares, ops, outcome_key=cell_key, outcome_value=record)
         except CoordinationError as err:
