@@ -227,11 +227,14 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         key: bytes,
         signature_scheme: str,
         env: dict[str, str],
+        gpus: int,
         launch_timeout: float | None = None,
         config: dict[str, Any] | None = None,
     ) -> ReplicaRouter:
         """Place the kernel's replicas, bind its router, start the replicas and wait until they registered.
 
+        ``gpus`` and ``launch_timeout`` are the kernel's request as the process proxy resolved it (None: the
+        defaults, ``RouterSettings.launch_timeout`` here and the launcher's own for its replicas);
         ``config`` is the kernelspec's ``process_proxy.config``: every replica's launcher gets it."""
         if not self.ready.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
@@ -240,7 +243,6 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
             raise LaunchError("the NotebookOS platform is not connected to etcd yet")
         # A restart: the old incarnation's replicas, keys, objects and GPUs must be gone before the new one's arrive.
         await self.kernel_stopped(kernel_id)
-        gpus = parse_kernel_gpus(env.get("KERNEL_GPUS"))
         placement = self.scheduler.start_kernel(kernel_id, gpus, now=self.now())
         self._log_decision(placement)
         if not isinstance(placement, Placement):
@@ -260,6 +262,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         )
         record = KernelRecord(kernel_id, kernel_name, gpus, router, env, next_replica=len(placement.replicas))
         record.config = dict(config or {})
+        record.launch_timeout = launch_timeout
         self.kernels[kernel_id] = record
         try:
             record.access = await self.access.create(kernel_id)
@@ -294,6 +297,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
                         "started_at": record.started_at,
                         "env": {k: v for k, v in env.items() if k.startswith("KERNEL_")},
                         "config": record.config,
+                        "launch_timeout": launch_timeout,
                         # Only the gateway's admin user can read this record (the kernel's role covers its
                         # sub-keys, not the record): a restarted gateway restores the kernel's etcd identity.
                         "etcd_password": record.access.etcd_password,
@@ -384,6 +388,8 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
             env=self._replica_env(record, host),
             secret_env=record.access.secret_env() if record.access is not None else {},
             config=dict(record.config),
+            gpus=record.gpus,
+            launch_timeout=record.launch_timeout,
         )
         record.router.expect(replica_id)
         record.handles[replica_id] = await self.launcher.start_replica(spec)
@@ -497,16 +503,3 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
             "to": plan.target,
             "seconds": round(time.monotonic() - began, 3),
         }
-
-
-def parse_kernel_gpus(raw: str | None) -> int:
-    """``KERNEL_GPUS`` (EG's convention): GPUs per cell, default 1, 0 for CPU-only kernels."""
-    if raw is None or raw.strip() == "":
-        return 1
-    try:
-        gpus = int(raw)
-    except ValueError:
-        raise KernelRequestError(f"KERNEL_GPUS={raw!r} is not a whole number of GPUs per cell") from None
-    if gpus < 0:
-        raise KernelRequestError(f"KERNEL_GPUS={gpus}: a kernel cannot ask for fewer than 0 GPUs")
-    return gpus

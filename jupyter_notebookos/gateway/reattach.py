@@ -105,6 +105,8 @@ class Reattachment(PlatformState):
         )
         record = KernelRecord(kernel_id, session["kernel_name"], gpus, router, dict(session.get("env") or {}))
         record.config = dict(session.get("config") or {})
+        timeout = session.get("launch_timeout")  # absent in records of older gateways: the defaults
+        record.launch_timeout = float(timeout) if isinstance(timeout, int | float) and timeout > 0 else None
         assert self.access is not None
         record.access = await self.access.restore(kernel_id, str(session.get("etcd_password") or ""))
         record.started_at = float(session.get("started_at", record.started_at))

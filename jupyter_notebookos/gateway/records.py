@@ -42,6 +42,8 @@ class KernelRecord:
     access: KernelAccess | None = None
     # The kernelspec's process_proxy config (image, resources...), given to the launcher with every replica.
     config: dict[str, Any] = field(default_factory=dict)
+    # KERNEL_LAUNCH_TIMEOUT (or the kernelspec's launch_timeout) as the process proxy resolved it; None: defaults.
+    launch_timeout: float | None = None
 
     def router_id(self, scheduler_id: int) -> str:
         """The replica process that stands for the scheduler's replica ``scheduler_id`` now."""
