@@ -54,8 +54,8 @@ class CellGrant:
 class CellPlanner(Protocol):
     """The router's view of the scheduler (implemented by the gateway platform)."""
 
-    async def acquire(self, request: CellRequest, changed: asyncio.Event) -> CellGrant:
-        """Wait until the cell can run and return where; ``changed`` is set whenever replicas change."""
+    async def acquire(self, request: CellRequest) -> CellGrant:
+        """Wait until the cell can run and return where (on a replica that holds every earlier cell's state)."""
 
     def release(self, kernel_id: str, cell_id: str) -> None:
         """The cell finished (or failed): its GPUs are idle again."""

@@ -8,7 +8,6 @@ grant (executor and GPUs), waiting in the scheduler's queue or for a migration w
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -28,7 +27,7 @@ from jupyter_notebookos.scheduler import (
 class CellPlanning(PlatformState):
     """The platform's part that is every router's :class:`~jupyter_notebookos.gateway.cells.CellPlanner`."""
 
-    async def acquire(self, request: CellRequest, changed: asyncio.Event) -> CellGrant:
+    async def acquire(self, request: CellRequest) -> CellGrant:
         """Ask the scheduler where the cell runs; wait in its queue, or for a migration, when it must."""
         record = self.kernels.get(request.kernel_id)
         if record is None:
@@ -53,7 +52,7 @@ class CellPlanning(PlatformState):
         )
         if self.autoscaler is not None:  # kernels this cell stranded move now, off its critical path
             self.autoscaler.start_moves(self.scheduler.prepare_moves(self.now()))
-        await self._wait_up_to_date(request, grant, changed)
+        await self._wait_up_to_date(request, grant)
         self.metrics.queued_ms.observe((time.monotonic() - request.arrived) * 1000.0)
         return grant
 
@@ -81,19 +80,12 @@ class CellPlanning(PlatformState):
             self._waiting.pop(key, None)
             self.metrics.queued_cells.set(len(self._waiting))
 
-    async def _wait_up_to_date(self, request: CellRequest, grant: CellGrant, changed: asyncio.Event) -> None:
-        """The chosen replica must hold the state of every earlier cell before it runs this one."""
+    async def _wait_up_to_date(self, request: CellRequest, grant: CellGrant) -> None:
+        """The chosen replica must hold the state of every earlier cell before it runs this one (if it dies or
+        does not catch up in time, the router notices and asks again)."""
         record = self.kernels.get(request.kernel_id)
-        if record is None:
-            return
-        router = record.router
-        deadline = time.monotonic() + self.router_settings.launch_timeout
-        while router.state_seq.get(grant.replica_id, -1) < router.log_head:
-            if grant.replica_id not in router.registrations or time.monotonic() > deadline:
-                return  # the router notices and asks again
-            changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(changed.wait(), 1.0)
+        if record is not None:
+            await record.router.wait_caught_up(grant.replica_id, self.router_settings.launch_timeout)
 
     def release(self, kernel_id: str, cell_id: str) -> None:
         """A cell finished: release its GPUs in the scheduler and start queued cells that now fit."""

@@ -247,19 +247,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         self._log_decision(placement)
         if not isinstance(placement, Placement):
             raise KernelRequestError(f"cannot start kernel {kernel_id}: {placement}")
-        router = ReplicaRouter(
-            kernel_id=kernel_id,
-            ip=ip,
-            ports=ports,
-            key=key,
-            signature_scheme=signature_scheme,
-            gpus=gpus,
-            coordinator=self.coordinator,
-            planner=self,
-            ledger=self.ledger,
-            settings=self.router_settings,
-            on_replica_lost=self._on_replica_lost,
-        )
+        router = self._new_router(kernel_id, ip, ports, key, signature_scheme, gpus)
         record = KernelRecord(kernel_id, kernel_name, gpus, router, env, next_replica=len(placement.replicas))
         record.config = dict(config or {})
         record.launch_timeout = launch_timeout

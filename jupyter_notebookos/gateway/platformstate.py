@@ -24,13 +24,13 @@ from jupyter_notebookos.gateway.ledger import LedgerReleases
 from jupyter_notebookos.gateway.metrics import PlatformMetrics
 from jupyter_notebookos.gateway.migration import MigrationRunner
 from jupyter_notebookos.gateway.reconcile import LedgerReconciler
+from jupyter_notebookos.gateway.router import ReplicaRouter
 from jupyter_notebookos.launchers.base import Launcher
 from jupyter_notebookos.replication.protocol import ReplicaRegistration
 from jupyter_notebookos.scheduler import Decision, MigrateThenRun, RunCell, Scheduler
 
 if TYPE_CHECKING:
     from jupyter_notebookos.gateway.records import HostRecord, KernelRecord
-    from jupyter_notebookos.gateway.router import ReplicaRouter
 
 
 class PlatformState:
@@ -71,10 +71,29 @@ class PlatformState:
         """The scheduler's clock (monotonic seconds)."""
         return time.monotonic()
 
+    def _new_router(
+        self, kernel_id: str, ip: str, ports: dict[str, int], key: bytes, signature_scheme: str, gpus: int
+    ) -> ReplicaRouter:
+        """A router for a kernel at this connection info, planned by this platform (a new or a re-attached one)."""
+        assert self.coordinator is not None and self.ledger is not None
+        return ReplicaRouter(
+            kernel_id=kernel_id,
+            ip=ip,
+            ports=ports,
+            key=key,
+            signature_scheme=signature_scheme,
+            gpus=gpus,
+            coordinator=self.coordinator,
+            planner=self,
+            ledger=self.ledger,
+            settings=self.router_settings,
+            on_replica_lost=self._on_replica_lost,
+        )
+
     if TYPE_CHECKING:
         # Each part calls a few methods of the others; GatewayPlatform has them all.
 
-        async def acquire(self, request: CellRequest, changed: asyncio.Event) -> CellGrant: ...
+        async def acquire(self, request: CellRequest) -> CellGrant: ...
 
         def release(self, kernel_id: str, cell_id: str) -> None: ...
 

@@ -14,7 +14,6 @@ from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.coordination.quarantine import quarantine
 from jupyter_notebookos.gateway.platformstate import PlatformState
 from jupyter_notebookos.gateway.records import KernelRecord
-from jupyter_notebookos.gateway.router import ReplicaRouter
 from jupyter_notebookos.gateway.sessions import parse_session
 from jupyter_notebookos.launchers.base import ReplicaHandle
 from jupyter_notebookos.replication.protocol import MalformedRecord, ReplicaRegistration
@@ -90,18 +89,8 @@ class Reattachment(PlatformState):
             now=self.now(),
         )
         self._log_decision(decision)
-        router = ReplicaRouter(
-            kernel_id=kernel_id,
-            ip=session["ip"],
-            ports=session["ports"],
-            key=session["key"].encode(),
-            signature_scheme=session["signature_scheme"],
-            gpus=gpus,
-            coordinator=self.coordinator,
-            planner=self,
-            ledger=self.ledger,
-            settings=self.router_settings,
-            on_replica_lost=self._on_replica_lost,
+        router = self._new_router(
+            kernel_id, session["ip"], session["ports"], session["key"].encode(), session["signature_scheme"], gpus
         )
         record = KernelRecord(kernel_id, session["kernel_name"], gpus, router, dict(session.get("env") or {}))
         record.config = dict(session.get("config") or {})

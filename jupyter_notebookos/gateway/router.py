@@ -309,7 +309,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         conflicts = 0
         while True:
             self.waiting = cell
-            cell.waiter = asyncio.ensure_future(self.planner.acquire(request, self.changed))
+            cell.waiter = asyncio.ensure_future(self.planner.acquire(request))
             try:
                 done, _ = await asyncio.wait({cell.waiter}, timeout=BUSY_AFTER_S)
                 if not done:
