@@ -2,8 +2,12 @@
 
 One instance lives in the gateway process (:meth:`GatewayPlatform.current`). EG's handlers reach it through
 the NotebookOS process proxy; our REST handlers read it. It owns every long-lived resource and starts and
-stops them in order. It also is the routers' :class:`~jupyter_notebookos.gateway.router.CellPlanner`: the
+stops them in order. It also is the routers' :class:`~jupyter_notebookos.gateway.cells.CellPlanner`: the
 scheduler decides, the platform turns decisions into actions.
+
+:class:`GatewayPlatform` is assembled from parts, one job each: the planner (:mod:`.planner`), the REST and
+metrics views (:mod:`.views`), re-attaching after a gateway restart (:mod:`.reattach`) and replacing lost replicas
+(:mod:`.replacement`). This module holds the lifecycle, the kernels and their replica processes, and the hosts.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ Jupyter sockets at the connection info EG chose. Behind it run the kernel's repl
 - A replica whose registration vanishes (lease expired or revoked, process gone) is replaced on another
   host; if it was running a cell, the client gets an error reply for that cell saying the state of the
   previous cell is intact. A cell is never re-run silently.
+
+:class:`ReplicaRouter` is assembled from parts, one job each: the ZMQ relay (:mod:`.relay`), the etcd view of
+the replica set (:mod:`.replicaset`), the commit and fencing protocol (:mod:`.commit`); the cell types are in
+:mod:`.cells`. This module holds the router's lifecycle and the cell lifecycle (queue, attempts, interrupts).
 """
 
 from __future__ import annotations
