@@ -6,24 +6,38 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import Platform, start_platform, stop_platform
+from support import Platform, kernel_of, platform_running
+
+from jupyter_notebookos.client import GatewayClient
 
 
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[Platform]:
     """A fresh embedded platform (4 hosts x 2 simulated GPUs, 1 etcd member)."""
-    platform = start_platform(tmp_path / "state", "--hosts", "4", "--gpus-per-host", "2")
-    try:
+    with platform_running(tmp_path / "state", "--hosts", "4", "--gpus-per-host", "2") as platform:
         yield platform
-    finally:
-        stop_platform(platform)
 
 
 @pytest.fixture(scope="session")
 def shared_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     """One platform for the tests that only read or use their own kernels."""
-    platform = start_platform(tmp_path_factory.mktemp("shared") / "state", "--hosts", "4", "--gpus-per-host", "2")
-    try:
+    state_dir = tmp_path_factory.mktemp("shared") / "state"
+    with platform_running(state_dir, "--hosts", "4", "--gpus-per-host", "2") as platform:
         yield platform
-    finally:
-        stop_platform(platform)
+
+
+@pytest.fixture(scope="module")
+def platform(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    """A platform of the test module's own (its tests may kill replicas): ``notebookos up`` with the module's
+    ``PLATFORM_ARGS`` (default: 4 hosts x 2 simulated GPUs). A module may define its own ``platform`` instead."""
+    args = getattr(request.module, "PLATFORM_ARGS", ("--hosts", "4", "--gpus-per-host", "2"))
+    name = request.module.__name__.rpartition(".")[2]
+    with platform_running(tmp_path_factory.mktemp(name) / "state", *args) as started:
+        yield started
+
+
+@pytest.fixture
+def kernel(platform: Platform) -> Iterator[tuple[GatewayClient, str]]:
+    """A NotebookOS kernel on the module's platform, shut down after the test."""
+    with kernel_of(platform.client, "python3-notebookos") as started:
+        yield started

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
 from jupyter_notebookos.coordination.client import Coordinator
+from jupyter_notebookos.embedded.etcd import EtcdBinaryMissing, EtcdCluster, find_etcd_binary
 from jupyter_notebookos.embedded.platform import RUNTIME_FILE
 from jupyter_notebookos.embedded.runner import NOTEBOOKOS, PlatformProcess, free_port, processes_of
 
@@ -28,11 +29,14 @@ __all__ = [
     "REPO",
     "Platform",
     "etcd_admin",
+    "etcd_running",
     "free_port",
     "gpus_held_on",
     "jupyter_server",
     "kernel_of",
+    "platform_running",
     "processes_of",
+    "start_etcd",
     "start_platform",
     "stop_platform",
     "wait_for",
@@ -63,6 +67,37 @@ def start_platform(state_dir: Path, *args: str, timeout: float = 90.0) -> Platfo
 
 def stop_platform(platform: Platform, timeout: float = 60.0) -> None:
     platform.stop(timeout)
+
+
+@contextlib.contextmanager
+def platform_running(state_dir: Path, *args: str) -> Iterator[Platform]:
+    """A platform for a test module (``start_platform``'s arguments), stopped when the module is done."""
+    started = start_platform(state_dir, *args)
+    try:
+        yield started
+    finally:
+        stop_platform(started)
+
+
+def start_etcd(data_dir: Path, members: int = 1) -> EtcdCluster:
+    """A real etcd cluster of ``members`` members (skips the test when no etcd binary is installed)."""
+    import pytest
+
+    try:
+        find_etcd_binary()
+    except EtcdBinaryMissing as err:
+        pytest.skip(str(err))
+    return EtcdCluster(data_dir, members).start()
+
+
+@contextlib.contextmanager
+def etcd_running(data_dir: Path, members: int = 1) -> Iterator[EtcdCluster]:
+    """:func:`start_etcd` for the length of a fixture: the cluster stops when it is done."""
+    cluster = start_etcd(data_dir, members)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @contextlib.contextmanager

@@ -27,6 +27,14 @@ METRICS = "metrics-" + secrets.token_hex(16)
 REFUSED = "belongs to another user"
 
 
+def one_gpu_hosts(hosts: int, *gateway_options: str) -> list[str]:
+    """``start_platform``'s arguments for ``hosts`` hosts of one GPU each and these ``--gateway-option`` values."""
+    args = ["--hosts", str(hosts), "--gpus-per-host", "1"]
+    for option in gateway_options:
+        args += ["--gateway-option", option]
+    return args
+
+
 def write_tokens(path: Path, tokens: dict[str, str], mode: int = 0o600) -> Path:
     path.write_text(json.dumps(tokens))
     path.chmod(mode)
@@ -40,14 +48,9 @@ def users_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     tokens = write_tokens(home / "tokens.json", {ALICE: "alice", BOB: "bob"})
     platform = start_platform(
         home / "state",
-        "--hosts",
-        "4",
-        "--gpus-per-host",
-        "1",
-        "--gateway-option",
-        f"NotebookOSGatewayApp.user_tokens_file={tokens}",
-        "--gateway-option",
-        f"NotebookOSGatewayApp.metrics_token={METRICS}",
+        *one_gpu_hosts(
+            4, f"NotebookOSGatewayApp.user_tokens_file={tokens}", f"NotebookOSGatewayApp.metrics_token={METRICS}"
+        ),
     )
     try:
         yield platform
@@ -292,14 +295,7 @@ def test_a_bad_token_file_stops_the_gateway_clearly(tmp_path: Path, content: str
     with pytest.raises(AssertionError, match=expected):
         platform = start_platform(
             tmp_path / "state",
-            "--hosts",
-            "3",
-            "--gpus-per-host",
-            "1",
-            "--gateway-option",
-            f"NotebookOSGatewayApp.user_tokens_file={tokens}",
-            "--gateway-option",
-            "LocalLauncher.warm_replicas=0",
+            *one_gpu_hosts(3, f"NotebookOSGatewayApp.user_tokens_file={tokens}", "LocalLauncher.warm_replicas=0"),
             timeout=60,
         )
         stop_platform(platform)
@@ -307,15 +303,7 @@ def test_a_bad_token_file_stops_the_gateway_clearly(tmp_path: Path, content: str
 
 def test_a_restarted_gateway_still_knows_who_owns_each_kernel(tmp_path: Path) -> None:
     tokens = write_tokens(tmp_path / "tokens.json", {ALICE: "alice", BOB: "bob"})
-    platform = start_platform(
-        tmp_path / "state",
-        "--hosts",
-        "3",
-        "--gpus-per-host",
-        "1",
-        "--gateway-option",
-        f"NotebookOSGatewayApp.user_tokens_file={tokens}",
-    )
+    platform = start_platform(tmp_path / "state", *one_gpu_hosts(3, f"NotebookOSGatewayApp.user_tokens_file={tokens}"))
     try:
         alice, bob = GatewayClient(platform.url, ALICE), GatewayClient(platform.url, BOB)
         kernel_id = alice.start_kernel(KERNEL)
@@ -477,16 +465,12 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
 def hub_up(hub: Hub, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     platform = start_platform(
         tmp_path_factory.mktemp("hub-gateway") / "state",
-        "--hosts",
-        "3",
-        "--gpus-per-host",
-        "1",
-        "--gateway-option",
-        f"NotebookOSGatewayApp.hub_api_url={hub.api_url}",
-        "--gateway-option",
-        "NotebookOSGatewayApp.hub_unknown_cache_seconds=3",
-        "--gateway-option",
-        "NotebookOSGatewayApp.hub_timeout=2",
+        *one_gpu_hosts(
+            3,
+            f"NotebookOSGatewayApp.hub_api_url={hub.api_url}",
+            "NotebookOSGatewayApp.hub_unknown_cache_seconds=3",
+            "NotebookOSGatewayApp.hub_timeout=2",
+        ),
     )
     try:
         yield platform

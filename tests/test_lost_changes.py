@@ -5,29 +5,14 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 
-import pytest
-from support import Platform, kernel_of, start_platform, stop_platform, wait_for
+from support import Platform, wait_for
 
 from jupyter_notebookos.client import GatewayClient, KernelConnection
 
 KERNEL = "python3-notebookos"
 
-
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    started = start_platform(tmp_path_factory.mktemp("lost") / "state", "--hosts", "4", "--gpus-per-host", "2")
-    try:
-        yield started
-    finally:
-        stop_platform(started)
-
-
-@pytest.fixture
-def kernel(platform: Platform) -> Iterator[tuple[GatewayClient, str]]:
-    with kernel_of(platform.client, KERNEL) as started:
-        yield started
+# The module's own platform and kernel fixtures (tests/conftest.py): 4 hosts x 2 GPUs, the default.
 
 
 def ready(client: GatewayClient, kernel_id: str) -> list[dict]:

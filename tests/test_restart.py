@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 import unittest
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,27 +19,15 @@ import requests
 import websocket
 from enterprise_gateway.client import gateway_client
 from enterprise_gateway.itests.test_python_kernel import PythonKernelBaseTestCase
-from support import Platform, gpus_held_on, kernel_of, start_platform, stop_platform, wait_for
+from support import Platform, gpus_held_on, wait_for
 
 from jupyter_notebookos.client import GatewayClient, KernelConnection
 
 KERNEL = "python3-notebookos"
 
-
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    """Three hosts with one GPU each: every kernel has a replica on every host, so one blocker holds them all."""
-    started = start_platform(tmp_path_factory.mktemp("restart") / "state", "--hosts", "3", "--gpus-per-host", "1")
-    try:
-        yield started
-    finally:
-        stop_platform(started)
-
-
-@pytest.fixture
-def kernel(platform: Platform) -> Iterator[tuple[GatewayClient, str]]:
-    with kernel_of(platform.client, KERNEL) as started:
-        yield started
+# The module's platform (tests/conftest.py): three hosts with one GPU each, so every kernel has a replica on every
+# host and one blocker holds them all.
+PLATFORM_ARGS = ("--hosts", "3", "--gpus-per-host", "1")
 
 
 def restart(client: GatewayClient, kernel_id: str) -> float:

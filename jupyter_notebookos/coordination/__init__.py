@@ -3,13 +3,12 @@
 - :class:`Coordinator` (``client``): kv, prefix reads, transactions, leases, resumable watches,
   with per-call deadlines and one mapping of etcd failures onto :mod:`errors`.
 - :class:`KeyLayout` (``keys``): the key layout of the whole project, documented in one place.
-- :class:`Election` (``election``): leadership with fencing tokens, on a lease and transactions.
+- ``election``: executor terms and their fencing tokens (the router and the replica agent share it).
 
 Nothing else in the project imports the etcd client library.
 """
 
 from jupyter_notebookos.coordination.client import DEFAULT_TIMEOUT, Coordinator
-from jupyter_notebookos.coordination.election import Election, Leader
 from jupyter_notebookos.coordination.errors import (
     CoordinationError,
     EtcdUnavailable,
@@ -31,12 +30,10 @@ __all__ = [
     "Compare",
     "CoordinationError",
     "Coordinator",
-    "Election",
     "EtcdUnavailable",
     "EventType",
     "KeyLayout",
     "KeyValue",
-    "Leader",
     "Lease",
     "LeaseLost",
     "Op",

@@ -14,33 +14,26 @@ to learn the outcome (a transaction is never silently re-run: cell decisions are
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import ipaddress
 import logging
-import socket
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import grpc.aio
 
 from jupyter_notebookos.coordination import _proto
+from jupyter_notebookos.coordination._rpc import REQUIRE_LEADER, EtcdRpc
 from jupyter_notebookos.coordination.errors import (
-    AuthenticationFailed,
     CoordinationError,
-    EtcdFull,
-    EtcdUnavailable,
-    LeaseLost,
-    PermissionDenied,
     QuorumLost,
     TransactionConflict,
 )
 from jupyter_notebookos.coordination.keys import DEFAULT_PREFIX, KeyLayout
 from jupyter_notebookos.coordination.kv import KeyValue, RangeResult, Value, to_bytes
-from jupyter_notebookos.coordination.lease import Lease
+from jupyter_notebookos.coordination.lease import Lease, revoke_lease
 from jupyter_notebookos.coordination.txn import Compare, Op, OpResult, TxnResult, lease_id
 from jupyter_notebookos.coordination.watch import Watch
 
@@ -53,113 +46,6 @@ DEFAULT_TIMEOUT = 3.0
 #: leader died waits in vain (the follower forwarded it to the dead leader); giving up on that attempt
 #: after a second and retrying lets the call succeed on the new leader within the overall deadline.
 DEFAULT_ATTEMPT_TIMEOUT = 1.0
-
-#: etcd refuses requests at once on a member without a leader when this metadata is present
-#: (rpctypes.MetadataRequireLeaderKey); without it requests queue until etcd's own 7 s timeout.
-REQUIRE_LEADER: tuple[tuple[str, str], ...] = (("hasleader", "true"),)
-
-_T = TypeVar("_T")
-
-_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.lb_policy_name", "round_robin"),
-    # etcd's default --grpc-keepalive-min-time is 5 s: pinging more often gets the connection closed.
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 3_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    # Reconnect to a restarted member within about a second, not gRPC's default of up to 2 minutes.
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1_000),
-    ("grpc.enable_retries", 1),
-]
-
-# Details of UNAVAILABLE errors that mean "never reached a leader": safe to retry any request.
-_NOT_SENT_MARKERS = ("no leader", "failed to connect", "connection refused", "connections to all backends")
-
-
-def _details(exc: grpc.aio.AioRpcError) -> str:
-    return (exc.details() or "").strip()
-
-
-def classify(
-    exc: grpc.aio.AioRpcError, endpoints: Sequence[str], *, channel_ready: bool, operation: str
-) -> CoordinationError:
-    """Map a gRPC error from etcd onto the coordination errors (the one place that does this)."""
-    code = exc.code()
-    detail = _details(exc)
-    lowered = detail.lower()
-    if _server_timeout(exc):
-        return QuorumLost(endpoints, f"{operation}: etcd timed out waiting for its leader ({detail})")
-    if code == grpc.StatusCode.UNAVAILABLE:
-        if "no leader" in lowered or "request timed out" in lowered or "leader changed" in lowered:
-            return QuorumLost(endpoints, f"{operation}: {detail}")
-        return EtcdUnavailable(endpoints, f"{operation}: {detail}" if detail else operation)
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        # An open connection that does not answer in time means the request is waiting for a leader.
-        if channel_ready:
-            return QuorumLost(endpoints, f"{operation}: no answer in time, the cluster has no leader")
-        return EtcdUnavailable(endpoints, f"{operation}: no answer in time")
-    if code == grpc.StatusCode.NOT_FOUND and "lease" in lowered:
-        return LeaseLost(0, detail)
-    if "database space exceeded" in lowered:
-        return EtcdFull(endpoints, f"{operation}: {detail}")
-    if code == grpc.StatusCode.FAILED_PRECONDITION and "compare" in lowered:
-        return TransactionConflict(f"{operation}: {detail}")
-    if code == grpc.StatusCode.PERMISSION_DENIED or "permission denied" in lowered:
-        return PermissionDenied(
-            f"etcd refused {operation}: permission denied. This etcd user may not touch that key (a kernel's "
-            "replicas reach only their own kernel's keys)."
-        )
-    if "authentication failed" in lowered or "user name is empty" in lowered or "invalid auth token" in lowered:
-        return AuthenticationFailed(
-            f"etcd refused {operation}: {detail}. Check the etcd user and password (NOTEBOOKOS_ETCD_USER / "
-            "NOTEBOOKOS_ETCD_PASSWORD) and that etcd auth is enabled on both sides."
-        )
-    return CoordinationError(f"etcd refused {operation}: {code.name} {detail}")
-
-
-def _token_expired(exc: grpc.aio.AioRpcError) -> bool:
-    """Whether etcd refused our auth token as too old: expired (simple tokens live ``--auth-token-ttl``
-    seconds unused) or issued before a user or role changed ("revision of auth store is old"). Such a request
-    was not applied, so it is retried once a new token is in hand."""
-    lowered = _details(exc).lower()
-    return "invalid auth token" in lowered or "auth store is old" in lowered or "user name is empty" in lowered
-
-
-def _server_timeout(exc: grpc.aio.AioRpcError) -> bool:
-    """etcd gave up on a request inside the server (status UNKNOWN, "context deadline exceeded"): a linearizable
-    read or a proposal that waited for a leader during an election."""
-    return exc.code() == grpc.StatusCode.UNKNOWN and "deadline exceeded" in _details(exc).lower()
-
-
-def _retryable(exc: grpc.aio.AioRpcError, *, idempotent: bool) -> bool:
-    code = exc.code()
-    if idempotent and _server_timeout(exc):
-        return True
-    if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return False
-    if idempotent:
-        return True
-    lowered = _details(exc).lower()
-    return code == grpc.StatusCode.UNAVAILABLE and any(m in lowered for m in _NOT_SENT_MARKERS)
-
-
-def _grpc_target(endpoints: Sequence[str]) -> str:
-    """A gRPC target balancing over every endpoint (``host:port``, optional ``http://``)."""
-    addresses = []
-    for endpoint in endpoints:
-        hostport = endpoint.split("://", 1)[-1].rstrip("/")
-        host, _, port = hostport.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"etcd endpoint {endpoint!r} is not host:port")
-        try:
-            ip = ipaddress.ip_address(host.strip("[]"))
-            addresses.append(f"{ip}:{port}" if ip.version == 4 else f"[{ip}]:{port}")
-        except ValueError:
-            # A host name: resolve it now (gRPC's static-list target takes addresses only).
-            infos = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)
-            addresses.extend(sorted({f"{info[4][0]}:{port}" for info in infos}))
-    return "ipv4:" + ",".join(addresses) if all("[" not in a for a in addresses) else "ipv6:" + ",".join(addresses)
 
 
 @dataclass(frozen=True)
@@ -285,32 +171,11 @@ class Coordinator:
         if not endpoints:
             raise ValueError("at least one etcd endpoint is needed")
         self.endpoints = list(endpoints)
-        self.timeout = timeout
-        self.attempt_timeout = attempt_timeout
         self.keys = KeyLayout(prefix)
         self.tls = tls
-        target = _grpc_target(self.endpoints)
-        if tls is None:
-            self._channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
-        else:
-            options = list(_CHANNEL_OPTIONS)
-            name = tls.target_name(self.endpoints)
-            if name:
-                options.append(("grpc.ssl_target_name_override", name))
-            self._channel = grpc.aio.secure_channel(target, tls.credentials(), options=options)
-        self._kv = _proto.KVStub(self._channel)
-        self._lease = _proto.LeaseStub(self._channel)
-        self._watch = _proto.WatchStub(self._channel)
-        self._maintenance = _proto.MaintenanceStub(self._channel)
-        self._cluster = _proto.ClusterStub(self._channel)
-        self._auth = _proto.AuthStub(self._channel)
-        self.credentials = credentials
-        # Sent with every call: etcd's hasleader flag, plus our auth token once authenticated.
-        self.metadata: tuple[tuple[str, str], ...] = REQUIRE_LEADER
-        self._auth_lock = asyncio.Lock()
-        self._leases: set[Lease] = set()
-        self._watches: set[Watch] = set()
-        self._closed = False
+        self.rpc = EtcdRpc(
+            self.endpoints, timeout=timeout, attempt_timeout=attempt_timeout, tls=tls, credentials=credentials
+        )
 
     @classmethod
     async def connect(
@@ -344,8 +209,8 @@ class Coordinator:
         )
         try:
             # Status is answered by any live member, leader or not: connecting needs no quorum.
-            await coordinator._unary(
-                coordinator._maintenance.Status, _proto.StatusRequest(), "connect", timeout, idempotent=True
+            await coordinator.rpc.unary(
+                coordinator.rpc.maintenance.Status, _proto.StatusRequest(), "connect", timeout, idempotent=True
             )
         except QuorumLost:
             pass
@@ -372,106 +237,49 @@ class Coordinator:
         Leases are not revoked: keys bound to them live until their TTL runs out, as after a crash.
         Revoke a lease explicitly for a clean goodbye.
         """
-        if self._closed:
-            return
-        self._closed = True
-        for watch in list(self._watches):
-            await watch.aclose()
-        for lease in list(self._leases):
-            await lease.stop_keepalive()
-        await self._channel.close()
+        await self.rpc.close()
 
-    # -- the RPC layer: deadlines, retries, error mapping -------------------------------------------
+    # -- the RPC layer (jupyter_notebookos.coordination._rpc) ---------------------------------------
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a call may take, retries included, unless the call says otherwise."""
+        return self.rpc.timeout
+
+    @property
+    def attempt_timeout(self) -> float:
+        """Seconds one attempt of a retryable call may take."""
+        return self.rpc.attempt_timeout
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """What every call carries: etcd's hasleader flag, and the auth token once logged in."""
+        return self.rpc.metadata
+
+    @property
+    def credentials(self) -> EtcdCredentials | None:
+        """The etcd user this coordinator logs in as (None: auth off)."""
+        return self.rpc.credentials
 
     @property
     def channel_ready(self) -> bool:
-        return self._channel.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY
-
-    def _error(self, exc: grpc.aio.AioRpcError, operation: str) -> CoordinationError:
-        return classify(exc, self.endpoints, channel_ready=self.channel_ready, operation=operation)
+        return self.rpc.channel_ready
 
     async def authenticate(self, *, timeout: float | None = None, stale: tuple[tuple[str, str], ...] = ()) -> None:
-        """Log in with :attr:`credentials` and use the new token from now on.
-
-        ``stale``: the metadata a refused call carried; when another task already replaced that token, this
-        returns at once (many calls refused together log in once).
-        """
-        if self.credentials is None:
-            raise AuthenticationFailed(
-                "etcd requires a user name and password, and this process has none: set NOTEBOOKOS_ETCD_USER "
-                "and NOTEBOOKOS_ETCD_PASSWORD (the gateway gives each replica its kernel's own)"
-            )
-        async with self._auth_lock:
-            if stale and self.metadata != stale:
-                return
-            request = _proto.AuthenticateRequest(name=self.credentials.user, password=self.credentials.password)
-            # Logging in needs no token: the plain metadata, and no re-login loop inside _unary.
-            reply = await self._unary(
-                self._auth.Authenticate, request, f"log in as etcd user {self.credentials.user}", timeout,
-                idempotent=True, metadata=REQUIRE_LEADER,
-            )  # fmt: skip
-            self.metadata = (*REQUIRE_LEADER, ("token", reply.token))
-
-    async def relogin_if_expired(self, exc: grpc.aio.AioRpcError, sent: tuple[tuple[str, str], ...]) -> bool:
-        """For streams (lease keepalives, watches): log in again when ``exc`` says our token is too old.
-        Returns whether it did, so the caller resends."""
-        if self.credentials is None or not _token_expired(exc):
-            return False
-        await self.authenticate(stale=sent)
-        return True
+        """Log in with :attr:`credentials` and use the new token from now on (see :meth:`EtcdRpc.authenticate`)."""
+        await self.rpc.authenticate(timeout=timeout, stale=stale)
 
     async def auth_call(self, method: str, request: Any, operation: str, *, timeout: float | None = None) -> Any:
         """Call one RPC of etcd's Auth service (users, roles, enabling auth): for the admin helpers of
         :mod:`jupyter_notebookos.coordination.auth`."""
-        return await self._unary(getattr(self._auth, method), request, operation, timeout, idempotent=True)
-
-    async def _unary(
-        self,
-        method: Callable[..., Awaitable[_T]],
-        request: Any,
-        operation: str,
-        timeout: float | None,
-        *,
-        idempotent: bool,
-        metadata: tuple[tuple[str, str], ...] | None = None,
-    ) -> _T:
-        if self._closed:
-            raise CoordinationError(f"{operation}: the coordinator is closed")
-        loop = asyncio.get_running_loop()
-        budget = self.timeout if timeout is None else timeout
-        deadline = loop.time() + budget
-        backoff = 0.05
-        while True:
-            remaining = deadline - loop.time()
-            attempt = min(remaining, self.attempt_timeout) if idempotent else remaining
-            sent = self.metadata if metadata is None else metadata
-            try:
-                return await method(request, timeout=max(attempt, 0.001), metadata=sent)
-            except grpc.aio.AioRpcError as exc:
-                if metadata is None and self.credentials is not None and _token_expired(exc):
-                    # Not applied: log in again (once for every call refused with this token) and resend.
-                    await self.authenticate(timeout=max(deadline - loop.time(), 0.001), stale=sent)
-                    continue
-                error = self._error(exc, operation)
-                remaining = deadline - loop.time()
-                if not _retryable(exc, idempotent=idempotent) or remaining <= backoff:
-                    ambiguous = not idempotent and not _retryable(exc, idempotent=False)
-                    if ambiguous and isinstance(error, QuorumLost | EtcdUnavailable):
-                        error.args = (
-                            f"{error.args[0]} The outcome of this {operation} is unknown: "
-                            "read the keys it writes to find out.",
-                        )
-                    raise error from exc
-                log.debug("%s: %s; retrying in %.2f s", operation, _details(exc), backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 0.5)
+        return await self.rpc.auth_call(method, request, operation, timeout=timeout)
 
     # -- key-value ----------------------------------------------------------------------------------
 
     async def get(self, key: str, *, timeout: float | None = None) -> KeyValue | None:
         """The key's current value and revisions, or ``None`` if it does not exist (linearizable)."""
-        reply = await self._unary(
-            self._kv.Range, _proto.RangeRequest(key=key.encode()), f"get {key}", timeout, idempotent=True
+        reply = await self.rpc.unary(
+            self.rpc.kv.Range, _proto.RangeRequest(key=key.encode()), f"get {key}", timeout, idempotent=True
         )
         return KeyValue.from_proto(reply.kvs[0]) if reply.kvs else None
 
@@ -479,7 +287,7 @@ class Coordinator:
         """Every key starting with ``prefix``, in key order, with the revision of the read."""
         raw = prefix.encode()
         request = _proto.RangeRequest(key=raw, range_end=_proto.prefix_range_end(raw), keys_only=keys_only)
-        reply = await self._unary(self._kv.Range, request, f"get prefix {prefix}", timeout, idempotent=True)
+        reply = await self.rpc.unary(self.rpc.kv.Range, request, f"get prefix {prefix}", timeout, idempotent=True)
         return RangeResult([KeyValue.from_proto(kv) for kv in reply.kvs], reply.header.revision)
 
     async def put(
@@ -487,20 +295,22 @@ class Coordinator:
     ) -> int:
         """Write ``key`` (bound to ``lease`` if given). Returns the revision of the write."""
         request = _proto.PutRequest(key=key.encode(), value=to_bytes(value), lease=lease_id(lease))
-        reply = await self._unary(self._kv.Put, request, f"put {key}", timeout, idempotent=True)
+        reply = await self.rpc.unary(self.rpc.kv.Put, request, f"put {key}", timeout, idempotent=True)
         return int(reply.header.revision)
 
     async def delete(self, key: str, *, timeout: float | None = None) -> bool:
         """Delete ``key``. Returns whether it existed."""
         request = _proto.DeleteRangeRequest(key=key.encode())
-        reply = await self._unary(self._kv.DeleteRange, request, f"delete {key}", timeout, idempotent=True)
+        reply = await self.rpc.unary(self.rpc.kv.DeleteRange, request, f"delete {key}", timeout, idempotent=True)
         return bool(reply.deleted)
 
     async def delete_prefix(self, prefix: str, *, timeout: float | None = None) -> int:
         """Delete every key starting with ``prefix``. Returns how many there were."""
         raw = prefix.encode()
         request = _proto.DeleteRangeRequest(key=raw, range_end=_proto.prefix_range_end(raw))
-        reply = await self._unary(self._kv.DeleteRange, request, f"delete prefix {prefix}", timeout, idempotent=True)
+        reply = await self.rpc.unary(
+            self.rpc.kv.DeleteRange, request, f"delete prefix {prefix}", timeout, idempotent=True
+        )
         return int(reply.deleted)
 
     async def txn(
@@ -524,7 +334,7 @@ class Coordinator:
             success=[op.to_proto() for op in success],
             failure=[op.to_proto() for op in failure],
         )
-        reply = await self._unary(self._kv.Txn, request, "txn", timeout, idempotent=False)
+        reply = await self.rpc.unary(self.rpc.kv.Txn, request, "txn", timeout, idempotent=False)
         result = TxnResult(
             succeeded=bool(reply.succeeded),
             revision=int(reply.header.revision),
@@ -542,11 +352,13 @@ class Coordinator:
         defragmentation right after needs), not as soon as the compaction is agreed on.
         """
         request = _proto.CompactionRequest(revision=revision, physical=physical)
-        await self._unary(self._kv.Compact, request, "compact", timeout, idempotent=True)
+        await self.rpc.unary(self.rpc.kv.Compact, request, "compact", timeout, idempotent=True)
 
     async def status(self, *, timeout: float | None = None) -> dict[str, Any]:
         """One member's view: version, leader id, Raft term, revision and database size."""
-        reply = await self._unary(self._maintenance.Status, _proto.StatusRequest(), "status", timeout, idempotent=True)
+        reply = await self.rpc.unary(
+            self.rpc.maintenance.Status, _proto.StatusRequest(), "status", timeout, idempotent=True
+        )
         return {
             "version": reply.version,
             "member": reply.header.member_id,
@@ -561,8 +373,8 @@ class Coordinator:
 
     async def members(self, *, timeout: float | None = None) -> list[EtcdMemberInfo]:
         """The cluster's members and the client URLs each one serves."""
-        reply = await self._unary(
-            self._cluster.MemberList, _proto.MemberListRequest(), "member list", timeout, idempotent=True
+        reply = await self.rpc.unary(
+            self.rpc.cluster.MemberList, _proto.MemberListRequest(), "member list", timeout, idempotent=True
         )
         return [EtcdMemberInfo(m.ID, m.name, list(m.clientURLs)) for m in reply.members]
 
@@ -571,14 +383,14 @@ class Coordinator:
 
         The member answers nothing else meanwhile: defragment one member at a time, the leader last.
         """
-        await self._unary(
-            self._maintenance.Defragment, _proto.DefragmentRequest(), "defragment", timeout, idempotent=True
+        await self.rpc.unary(
+            self.rpc.maintenance.Defragment, _proto.DefragmentRequest(), "defragment", timeout, idempotent=True
         )
 
     async def alarms(self, *, timeout: float | None = None) -> list[tuple[int, str]]:
         """The cluster's raised alarms: (member id, ``"NOSPACE"`` or ``"CORRUPT"``)."""
         request = _proto.AlarmRequest(action=_proto.AlarmRequest.GET)
-        reply = await self._unary(self._maintenance.Alarm, request, "alarm list", timeout, idempotent=True)
+        reply = await self.rpc.unary(self.rpc.maintenance.Alarm, request, "alarm list", timeout, idempotent=True)
         kinds = _proto.AlarmRequest.DESCRIPTOR.fields_by_name["alarm"].enum_type.values_by_number
         return [(a.memberID, kinds[a.alarm].name) for a in reply.alarms]
 
@@ -588,7 +400,7 @@ class Coordinator:
         request = _proto.AlarmRequest(
             action=_proto.AlarmRequest.DEACTIVATE, memberID=member_id, alarm=kinds[alarm].number
         )
-        await self._unary(self._maintenance.Alarm, request, "alarm disarm", timeout, idempotent=True)
+        await self.rpc.unary(self.rpc.maintenance.Alarm, request, "alarm disarm", timeout, idempotent=True)
 
     # -- leases -------------------------------------------------------------------------------------
 
@@ -605,12 +417,12 @@ class Coordinator:
         etcd rounds very short TTLs up (to 2 s with the embedded cluster's timing).
         ``lease.lost`` is set, and ``on_lost(lease)`` called, when etcd reports the lease gone.
         """
-        reply = await self._unary(
-            self._lease.LeaseGrant, _proto.LeaseGrantRequest(TTL=ttl), "grant lease", timeout, idempotent=True
+        reply = await self.rpc.unary(
+            self.rpc.lease.LeaseGrant, _proto.LeaseGrantRequest(TTL=ttl), "grant lease", timeout, idempotent=True
         )
         if reply.error:
             raise CoordinationError(f"etcd refused a lease of {ttl} s: {reply.error}")
-        lease = Lease(self, int(reply.ID), int(reply.TTL), on_lost=on_lost)
+        lease = Lease(self.rpc, int(reply.ID), int(reply.TTL), on_lost=on_lost)
         if keepalive:
             lease.start_keepalive()
         return lease
@@ -620,17 +432,7 @@ class Coordinator:
         if isinstance(lease, Lease):
             await lease.revoke(timeout=timeout)
             return
-        await self._revoke_id(lease, timeout)
-
-    async def _revoke_id(self, lease: int, timeout: float | None) -> None:
-        with contextlib.suppress(LeaseLost):  # already gone: what revoking wanted
-            await self._unary(
-                self._lease.LeaseRevoke,
-                _proto.LeaseRevokeRequest(ID=lease),
-                "revoke lease",
-                timeout,
-                idempotent=True,
-            )
+        await revoke_lease(self.rpc, lease, timeout)
 
     # -- watches ------------------------------------------------------------------------------------
 
@@ -643,8 +445,8 @@ class Coordinator:
         last event it delivered, so no event is lost or repeated. Raises :class:`WatchCompacted` if
         the history it needs was compacted.
         """
-        return Watch(self, prefix, start_revision)
+        return Watch(self.rpc, prefix, start_revision)
 
     def watch_key(self, key: str, start_revision: int | None = None) -> Watch:
         """Watch one key (same guarantees as :meth:`watch_prefix`)."""
-        return Watch(self, key, start_revision, exact=True)
+        return Watch(self.rpc, key, start_revision, exact=True)

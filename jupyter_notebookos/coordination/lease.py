@@ -25,7 +25,7 @@ from jupyter_notebookos.coordination import _proto
 from jupyter_notebookos.coordination.errors import CoordinationError, LeaseLost
 
 if TYPE_CHECKING:
-    from jupyter_notebookos.coordination.client import Coordinator
+    from jupyter_notebookos.coordination._rpc import EtcdRpc
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class Lease:
 
     def __init__(
         self,
-        coordinator: Coordinator,
+        rpc: EtcdRpc,
         lease_id: int,
         ttl: int,
         *,
@@ -51,13 +51,13 @@ class Lease:
         self.ttl = ttl
         self.lost = asyncio.Event()
         self.lost_reason = ""
-        self._coordinator = coordinator
+        self._rpc = rpc
         self._callbacks: list[Callable[[Lease], object]] = [on_lost] if on_lost else []
         self._task: asyncio.Task[None] | None = None
         loop = asyncio.get_running_loop()
         #: loop.time() until which etcd has confirmed the lease (its last renewal + TTL).
         self.confirmed_until = loop.time() + ttl
-        coordinator._leases.add(self)
+        rpc.leases.add(self)
 
     def __repr__(self) -> str:
         state = f"lost ({self.lost_reason})" if self.lost.is_set() else "alive"
@@ -108,19 +108,19 @@ class Lease:
             LeaseLost: etcd says the lease no longer exists.
             QuorumLost, EtcdUnavailable: the renewal did not get through.
         """
-        coordinator = self._coordinator
+        rpc = self._rpc
         budget = max(0.5, self.ttl / 3) if timeout is None else timeout
         loop = asyncio.get_running_loop()
         sent_at = loop.time()
-        sent = coordinator.metadata
-        call = coordinator._lease.LeaseKeepAlive(timeout=budget, metadata=sent)
+        sent = rpc.metadata
+        call = rpc.lease.LeaseKeepAlive(timeout=budget, metadata=sent)
         try:
             await call.write(_proto.LeaseKeepAliveRequest(ID=self.id))
             reply = await call.read()
         except grpc.aio.AioRpcError as exc:
-            error = coordinator._error(exc, f"renew lease {self.id:x}")
+            error = rpc.error(exc, f"renew lease {self.id:x}")
             with contextlib.suppress(CoordinationError):
-                await coordinator.relogin_if_expired(exc, sent)  # the next renewal carries the new token
+                await rpc.relogin_if_expired(exc, sent)  # the next renewal carries the new token
             raise error from exc
         finally:
             call.cancel()
@@ -134,9 +134,9 @@ class Lease:
 
     async def time_to_live(self, *, timeout: float | None = None) -> int:
         """Seconds the lease has left according to etcd (-1 if it is gone)."""
-        coordinator = self._coordinator
-        reply = await coordinator._unary(
-            coordinator._lease.LeaseTimeToLive,
+        rpc = self._rpc
+        reply = await rpc.unary(
+            rpc.lease.LeaseTimeToLive,
             _proto.LeaseTimeToLiveRequest(ID=self.id),
             f"lease {self.id:x} ttl",
             timeout,
@@ -148,7 +148,7 @@ class Lease:
         """Revoke the lease: every key bound to it is deleted now."""
         await self.stop_keepalive()
         if self.alive:
-            await self._coordinator._revoke_id(self.id, timeout)
+            await revoke_lease(self._rpc, self.id, timeout)
             self._mark_lost("revoked")
 
     async def _keepalive_loop(self) -> None:
@@ -175,10 +175,22 @@ class Lease:
             return
         self.lost_reason = reason
         self.lost.set()
-        self._coordinator._leases.discard(self)
+        self._rpc.leases.discard(self)
         log.info("lease %x %s", self.id, reason)
         for callback in self._callbacks:
             try:
                 callback(self)
             except Exception:
                 log.exception("lease %x: on_lost callback failed", self.id)
+
+
+async def revoke_lease(rpc: EtcdRpc, lease: int, timeout: float | None) -> None:
+    """Revoke lease ``lease`` now: every key bound to it is deleted at once (already gone is fine)."""
+    with contextlib.suppress(LeaseLost):  # already gone: what revoking wanted
+        await rpc.unary(
+            rpc.lease.LeaseRevoke,
+            _proto.LeaseRevokeRequest(ID=lease),
+            "revoke lease",
+            timeout,
+            idempotent=True,
+        )

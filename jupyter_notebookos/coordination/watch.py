@@ -24,7 +24,7 @@ from jupyter_notebookos.coordination.errors import CoordinationError, Permission
 from jupyter_notebookos.coordination.kv import WatchEvent
 
 if TYPE_CHECKING:
-    from jupyter_notebookos.coordination.client import Coordinator
+    from jupyter_notebookos.coordination._rpc import EtcdRpc
 
 log = logging.getLogger(__name__)
 
@@ -39,21 +39,21 @@ class Watch:
     stops it. :meth:`ready` waits until etcd has accepted the watch.
     """
 
-    def __init__(self, coordinator: Coordinator, key: str, start_revision: int | None, *, exact: bool = False) -> None:
+    def __init__(self, rpc: EtcdRpc, key: str, start_revision: int | None, *, exact: bool = False) -> None:
         self.key = key
         raw = key.encode()
         self._key = raw
         self._range_end = b"" if exact else _proto.prefix_range_end(raw)
         #: The revision the next event may have; the watch resumes from here.
         self.next_revision: int | None = start_revision
-        self._coordinator = coordinator
+        self._rpc = rpc
         self._queue: asyncio.Queue[WatchEvent | BaseException | None] = asyncio.Queue()
         self._ready = asyncio.Event()
         self._denied = False  # the last stream was refused and we logged in again since
         self._closed = False
         self._error: Exception | None = None
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"watch {key}")
-        coordinator._watches.add(self)
+        rpc.watches.add(self)
 
     def __repr__(self) -> str:
         return f"<Watch {self.key!r} next_revision={self.next_revision}>"
@@ -83,7 +83,7 @@ class Watch:
 
         Raises what stopped the watch, or :class:`CoordinationError` after ``timeout`` seconds.
         """
-        budget = self._coordinator.timeout if timeout is None else timeout
+        budget = self._rpc.timeout if timeout is None else timeout
         done = asyncio.ensure_future(self._ready.wait())
         try:
             await asyncio.wait({done, self._task}, timeout=budget, return_when=asyncio.FIRST_COMPLETED)
@@ -101,7 +101,7 @@ class Watch:
         if self._closed:
             return
         self._closed = True
-        self._coordinator._watches.discard(self)
+        self._rpc.watches.discard(self)
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
@@ -125,9 +125,9 @@ class Watch:
 
     async def _stream(self) -> bool:
         """One watch stream, until it breaks. Returns whether it got as far as being created."""
-        coordinator = self._coordinator
-        sent = coordinator.metadata
-        call = coordinator._watch.Watch(metadata=sent)
+        rpc = self._rpc
+        sent = rpc.metadata
+        call = rpc.watch.Watch(metadata=sent)
         created = False
         try:
             await call.write(
@@ -160,12 +160,12 @@ class Watch:
                     if "permission denied" in reason:
                         # etcd says so also for a token that expired or predates a user/role change: log in
                         # again and resume; refused with a token fresh from that, it is a real denial.
-                        if coordinator.credentials is None or self._denied:
+                        if rpc.credentials is None or self._denied:
                             raise PermissionDenied(
                                 f"watch {self.key}: permission denied (this etcd user may not read these keys)"
                             )
                         self._denied = True
-                        await coordinator.authenticate(stale=sent)
+                        await rpc.authenticate(stale=sent)
                         return True
                     log.info("watch %s: cancelled by etcd (%s), resuming", self.key, reason)
                     return created
@@ -181,7 +181,7 @@ class Watch:
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                                   grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL):  # fmt: skip
-                raise coordinator._error(exc, f"watch {self.key}") from exc
+                raise rpc.error(exc, f"watch {self.key}") from exc
             log.info("watch %s: %s (%s), resuming from revision %s", self.key, exc.code().name,
                      exc.details(), self.next_revision)  # fmt: skip
             return created

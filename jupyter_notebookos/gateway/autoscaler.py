@@ -12,19 +12,30 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from jupyter_notebookos.gateway.migration import MigrationRunner, SchedulingHost
 from jupyter_notebookos.launchers.provisioning import HostProvisioner
 from jupyter_notebookos.scheduler import MigrationPlan, ScalingDecision
 
-if TYPE_CHECKING:
-    from jupyter_notebookos.gateway.platform import GatewayPlatform
+
+class ScalingHost(SchedulingHost, Protocol):
+    """What autoscaling needs of the gateway platform (which implements it)."""
+
+    @property
+    def migrations(self) -> MigrationRunner: ...
+
+    async def add_host(self, name: str, gpus: int, *, simulated: bool = True) -> None:
+        """A new host is ready: the scheduler may use it."""
+
+    async def remove_host(self, name: str) -> None:
+        """A drained host leaves the cluster."""
 
 
 class Autoscaler:
     """Runs scaling rounds for the platform."""
 
-    def __init__(self, platform: GatewayPlatform, provisioner: HostProvisioner, interval: float) -> None:
+    def __init__(self, platform: ScalingHost, provisioner: HostProvisioner, interval: float) -> None:
         self.platform = platform
         self.provisioner = provisioner
         self.interval = interval

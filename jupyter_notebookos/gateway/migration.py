@@ -16,14 +16,56 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
-from jupyter_notebookos.launchers.base import LaunchError, ReplicaHandle
-from jupyter_notebookos.scheduler import MigrationCompleted, MigrationFailed, MigrationPlan
+from jupyter_notebookos.gateway.cells import RouterSettings
+from jupyter_notebookos.gateway.events import EventLog
+from jupyter_notebookos.gateway.metrics import PlatformMetrics
+from jupyter_notebookos.launchers.base import Launcher, LaunchError, ReplicaHandle
+from jupyter_notebookos.scheduler import MigrationCompleted, MigrationFailed, MigrationPlan, Scheduler
 
 if TYPE_CHECKING:
-    from jupyter_notebookos.gateway.platform import GatewayPlatform, KernelRecord
+    from jupyter_notebookos.gateway.records import KernelRecord
+
+
+class SchedulingHost(Protocol):
+    """What the gateway's background workers (migrations, autoscaling) need of the platform, at the least."""
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    @property
+    def metrics(self) -> PlatformMetrics: ...
+
+    @property
+    def events(self) -> EventLog: ...
+
+    @property
+    def log(self) -> logging.Logger | Any: ...
+
+    def now(self) -> float:
+        """The scheduler's clock."""
+
+    def dispatch(self) -> None:
+        """Start the queued cells that can run now."""
+
+
+class MigrationHost(SchedulingHost, Protocol):
+    """What a migration needs of the gateway platform (which implements it)."""
+
+    @property
+    def kernels(self) -> dict[str, KernelRecord]: ...
+
+    @property
+    def launcher(self) -> Launcher: ...
+
+    @property
+    def router_settings(self) -> RouterSettings: ...
+
+    async def start_replica_process(self, record: KernelRecord, replica_id: str, host: str) -> None:
+        """Start replica process ``replica_id`` of the kernel on ``host``."""
 
 
 class MigrationError(RuntimeError):
@@ -33,7 +75,7 @@ class MigrationError(RuntimeError):
 class MigrationRunner:
     """Runs migrations for the platform and keeps track of those in flight."""
 
-    def __init__(self, platform: GatewayPlatform) -> None:
+    def __init__(self, platform: MigrationHost) -> None:
         self.platform = platform
         self.in_flight: dict[int, dict[str, object]] = {}
         self._retiring: set[asyncio.Task[None]] = set()

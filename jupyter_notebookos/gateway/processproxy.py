@@ -45,6 +45,7 @@ class NotebookOSProcessProxy(LocalProcessProxy):
         timeout = self._launch_timeout(env)
         self._check_replica_count()
         try:
+            gpus = parse_kernel_gpus(env.get("KERNEL_GPUS"))
             self.router = await GatewayPlatform.current().start_kernel(
                 kernel_id=self.kernel_id,
                 kernel_name=km.kernel_name,
@@ -53,6 +54,7 @@ class NotebookOSProcessProxy(LocalProcessProxy):
                 key=km.session.key,
                 signature_scheme=km.session.signature_scheme,
                 env=env,
+                gpus=gpus,
                 launch_timeout=timeout,
                 # Every key of the kernelspec's process_proxy.config reaches the launcher (image, resources...);
                 # the launcher lets the kernel's KERNEL_* variables override them, as EG documents.
@@ -71,8 +73,12 @@ class NotebookOSProcessProxy(LocalProcessProxy):
         )
         return self
 
-    def _launch_timeout(self, env: dict[str, str]) -> float:
-        raw = env.get("KERNEL_LAUNCH_TIMEOUT") or self.proxy_config.get("launch_timeout") or 60
+    def _launch_timeout(self, env: dict[str, str]) -> float | None:
+        """``KERNEL_LAUNCH_TIMEOUT`` or the kernelspec's ``launch_timeout``, checked; None when neither is given
+        (the platform's and the launcher's own defaults apply)."""
+        raw = env.get("KERNEL_LAUNCH_TIMEOUT") or self.proxy_config.get("launch_timeout")
+        if raw is None or raw == "":
+            return None
         try:
             timeout = float(raw)
         except (TypeError, ValueError):
@@ -152,3 +158,16 @@ class NotebookOSProcessProxy(LocalProcessProxy):
         info = super().get_process_info()
         info["notebookos"] = True
         return info
+
+
+def parse_kernel_gpus(raw: str | None) -> int:
+    """``KERNEL_GPUS`` (EG's convention): GPUs per cell, default 1, 0 for CPU-only kernels."""
+    if raw is None or raw.strip() == "":
+        return 1
+    try:
+        gpus = int(raw)
+    except ValueError:
+        raise KernelRequestError(f"KERNEL_GPUS={raw!r} is not a whole number of GPUs per cell") from None
+    if gpus < 0:
+        raise KernelRequestError(f"KERNEL_GPUS={gpus}: a kernel cannot ask for fewer than 0 GPUs")
+    return gpus

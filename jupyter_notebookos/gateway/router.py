@@ -18,6 +18,10 @@ Jupyter sockets at the connection info EG chose. Behind it run the kernel's repl
 - A replica whose registration vanishes (lease expired or revoked, process gone) is replaced on another
   host; if it was running a cell, the client gets an error reply for that cell saying the state of the
   previous cell is intact. A cell is never re-run silently.
+
+:class:`ReplicaRouter` is assembled from parts, one job each: the ZMQ relay (:mod:`.relay`), the etcd view of
+the replica set (:mod:`.replicaset`), the commit and fencing protocol (:mod:`.commit`); the cell types are in
+:mod:`.cells`. This module holds the router's lifecycle and the cell lifecycle (queue, attempts, interrupts).
 """
 
 from __future__ import annotations
@@ -25,12 +29,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -38,142 +40,30 @@ import zmq.asyncio
 from jupyter_notebookos.coordination.client import Coordinator
 from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.coordination.kv import EventType, WatchEvent
-from jupyter_notebookos.coordination.ridethrough import txn_once
-from jupyter_notebookos.coordination.txn import Compare, Op
-from jupyter_notebookos.gateway.ledger import LedgerReleases
-from jupyter_notebookos.gateway.waitnotice import WaitNotice
-from jupyter_notebookos.gateway.wire import DELIM, MalformedMessage, Signer, WireMessage
-from jupyter_notebookos.replication.protocol import (
-    METADATA_KEY,
-    CellDirective,
-    LogRecord,
-    ReplicaRegistration,
+from jupyter_notebookos.gateway.cells import (
+    ADOPTED_POLL_S,
+    BUSY_AFTER_S,
+    MALFORMED,
+    MAX_COMMIT_CONFLICTS,
+    CellGrant,
+    CellPlanner,
+    CellRejected,
+    CellRequest,
+    PendingCell,
+    RouterSettings,
+    _CellAborted,
 )
-
-log = logging.getLogger(__name__)
-
-#: What parsing a value from etcd raises when it is malformed (bad JSON or UTF-8, a wrong shape or type).
-MALFORMED = (ValueError, TypeError, KeyError, AttributeError)
-
-#: How many recent cells' changed names the router keeps in case their executor dies before publishing.
-CHANGED_MEMORY = 64
-
-# What a client may send on a kernel's control channel: interrupts, shutdown, the debugger, and kernel_info
-# (read-only; jupyter_server's websocket handler sends it there to see that the kernel answers).
-CONTROL_REQUESTS = frozenset({"interrupt_request", "shutdown_request", "debug_request", "kernel_info_request"})
-
-#: How many request ids the router remembers for routing iopub (oldest forgotten first).
-ROUTE_MEMORY = 4096
-#: How often a cell adopted from a previous gateway checks whether its state record was published.
-ADOPTED_POLL_S = 2.0
-#: A cell that has no executor after this many seconds is announced busy by the router itself.
-BUSY_AFTER_S = 0.02
-#: A cell whose decision conflicts in etcd this many times in a row is answered with an error.
-MAX_COMMIT_CONFLICTS = 40
+from jupyter_notebookos.gateway.commit import CellCommits
+from jupyter_notebookos.gateway.ledger import LedgerReleases
+from jupyter_notebookos.gateway.relay import ReplicaLink, RouterRelay
+from jupyter_notebookos.gateway.replicaset import ReplicaSetView
+from jupyter_notebookos.gateway.routerstate import log
+from jupyter_notebookos.gateway.waitnotice import WaitNotice
+from jupyter_notebookos.gateway.wire import DELIM, Signer, WireMessage
+from jupyter_notebookos.replication.protocol import METADATA_KEY, CellDirective, ReplicaRegistration
 
 
-class CellRejected(Exception):
-    """The planner refuses a cell (e.g. it asks for more GPUs than any host has); the reason is for the user."""
-
-
-@dataclass(frozen=True)
-class CellRequest:
-    """What the router asks the planner for one cell."""
-
-    kernel_id: str
-    cell_id: str
-    gpus: int
-    arrived: float  # time.monotonic() at arrival
-    prefer: str | None = None  # a replica the client asked for (execute_request metadata.notebookos.replica)
-
-
-@dataclass(frozen=True)
-class CellGrant:
-    """The planner's answer: run on ``replica_id`` at ``host`` with these GPU device ordinals."""
-
-    replica_id: str
-    host: str
-    devices: tuple[int, ...]
-    reason: str
-
-
-class CellPlanner(Protocol):
-    """The router's view of the scheduler (implemented by the gateway platform)."""
-
-    async def acquire(self, request: CellRequest, changed: asyncio.Event) -> CellGrant:
-        """Wait until the cell can run and return where; ``changed`` is set whenever replicas change."""
-
-    def release(self, kernel_id: str, cell_id: str) -> None:
-        """The cell finished (or failed): its GPUs are idle again."""
-
-    def queue_position(self, kernel_id: str, cell_id: str) -> int | None:
-        """The cell's 1-based place in the queue for GPUs; ``None`` when it is not queued (e.g. a migration)."""
-
-    def note_resident(self, kernel_id: str, replica_id: str, host: str, devices: list[int]) -> None:
-        """A replica's reply said its GPU state stays on ``devices`` of ``host`` (sticky release)."""
-
-
-@dataclass(frozen=True)
-class RouterSettings:
-    """Timeouts and limits of one router."""
-
-    launch_timeout: float = 60.0
-    max_message_bytes: int = 256 << 20
-    etcd_timeout: float = 5.0
-
-
-@dataclass
-class PendingCell:
-    """An ``execute_request`` waiting for, or running on, an executor."""
-
-    request: WireMessage
-    arrived: float
-    attempt: int = 1
-    seq: int = 0
-    grant: CellGrant | None = None
-    started: float = 0.0
-    prefer: str | None = None
-    waiter: asyncio.Future[CellGrant] | None = None  # the planner's answer, while the cell waits for it
-    interrupted: bool = False
-    began_executing: bool = False  # the executor said "busy" for it: from then on it is never re-sent
-    retry: bool = False
-    entries: dict[str, int] = field(default_factory=dict)  # its etcd cell record and GPU entries -> revision
-    done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-
-
-class ReplicaLink:
-    """The router's sockets to one registered replica."""
-
-    def __init__(self, ctx: zmq.asyncio.Context, registration: ReplicaRegistration, identity: bytes) -> None:
-        self.registration = registration
-        self.replica_id = registration.replica_id
-        self.host = registration.host
-        base = f"{registration.transport}://{registration.ip}:"
-        self.shell = ctx.socket(zmq.DEALER)
-        self.stdin = ctx.socket(zmq.DEALER)
-        self.control = ctx.socket(zmq.DEALER)
-        # The replica answers stdin requests to the identities of the shell request, so the router's
-        # shell and stdin sockets to a replica carry the same identity.
-        for sock in (self.shell, self.stdin, self.control):
-            sock.setsockopt(zmq.IDENTITY, identity)
-            sock.setsockopt(zmq.LINGER, 0)
-        self.iopub = ctx.socket(zmq.SUB)
-        self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.iopub.setsockopt(zmq.LINGER, 0)
-        self.shell.connect(base + str(registration.shell_port))
-        self.stdin.connect(base + str(registration.stdin_port))
-        self.control.connect(base + str(registration.control_port))
-        self.iopub.connect(base + str(registration.iopub_port))
-        self.tasks: list[asyncio.Task[None]] = []
-
-    def close(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        for sock in (self.shell, self.stdin, self.control, self.iopub):
-            sock.close(0)
-
-
-class ReplicaRouter:
+class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
     """Presents one Jupyter kernel to EG and its clients, backed by replicas on distinct hosts."""
 
     def __init__(
@@ -231,32 +121,13 @@ class ReplicaRouter:
         self._changed: dict[int, list[str]] = {}  # log seq -> names its cell's reply said it changed
 
         self._routes: OrderedDict[str, str] = OrderedDict()  # request msg_id -> replica id
-        self._evictions: dict[str, asyncio.Future[dict[str, Any]]] = {}  # evict request msg_id -> its answer
+        self._evictions = {}
         self._stdin_owner: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._sockets: dict[str, zmq.asyncio.Socket] = {}
         self._watches: list[Any] = []
 
     # -- lifecycle ----------------------------------------------------------------------------------
-
-    async def bind(self) -> None:
-        """Bind the client-facing sockets at the kernel's connection info."""
-        kinds = {
-            "shell": zmq.ROUTER,
-            "control": zmq.ROUTER,
-            "stdin": zmq.ROUTER,
-            "iopub": zmq.PUB,
-            "hb": zmq.REP,
-        }
-        for name, kind in kinds.items():
-            sock = self.ctx.socket(kind)
-            sock.setsockopt(zmq.LINGER, 0)
-            if name != "hb":
-                sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
-            if kind == zmq.ROUTER:
-                sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-            sock.bind(f"tcp://{self.ip}:{self.ports[name]}")
-            self._sockets[name] = sock
 
     async def start(self, *, fresh: bool = True) -> None:
         """Start watching etcd and serving clients. ``fresh`` clears what a previous kernel left in etcd."""
@@ -315,54 +186,6 @@ class ReplicaRouter:
         self.adopted_cells.append(cell)
         self._queue.put_nowait(cell)
 
-    def expect(self, replica_id: str) -> None:
-        """A replica was started for this kernel: count it until it registers or is declared gone."""
-        self.expected.add(replica_id)
-
-    def retire(self, replica_id: str) -> None:
-        """This replica is being stopped on purpose (its replacement holds the state): its end is no loss."""
-        self.retiring.add(replica_id)
-        self.expected.discard(replica_id)
-        if self.executor == replica_id:
-            self.executor, self.fence = None, 0  # the next cell opens a new executor term
-        self.changed.set()
-
-    def launch_failed(self, replica_id: str, reason: str) -> None:
-        """A started replica's process ended before it registered."""
-        self.failed[replica_id] = reason
-        self.expected.discard(replica_id)
-        self.changed.set()
-
-    async def wait_caught_up(self, replica_id: str, timeout: float) -> bool:
-        """Wait until ``replica_id`` holds the state of every cell so far (False on timeout or if it died)."""
-        deadline = time.monotonic() + timeout
-        while self.state_seq.get(replica_id, -1) < self.log_head:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or replica_id not in self.registrations:
-                return False
-            self.changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), min(remaining, 1.0))
-        return replica_id in self.registrations
-
-    async def wait_registered(self, replica_ids: set[str], timeout: float) -> set[str]:
-        """Wait until these replicas registered; return those that did not within ``timeout`` (or died)."""
-        deadline = time.monotonic() + timeout
-        while not replica_ids <= set(self.registrations) | set(self.failed):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            self.changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), remaining)
-        return replica_ids - set(self.registrations)
-
-    @property
-    def quorum(self) -> bool:
-        """Whether a majority of the kernel's replicas is registered."""
-        size = max(len(self.expected), 1)
-        return len(self.registrations) * 2 > size
-
     def poll(self) -> int | None:
         """``None`` while the kernel lives (EG's process-proxy convention), else an exit code."""
         return self.exit_code
@@ -414,73 +237,6 @@ class ReplicaRouter:
             sock.close(0)
         self._sockets.clear()
         self.stopped.set()
-
-    # -- etcd ---------------------------------------------------------------------------------------
-
-    async def _watch_loop(self, watch: Any) -> None:
-        try:
-            async for event in watch:
-                self._apply_checked(event)
-        except asyncio.CancelledError:
-            raise
-        except CoordinationError as err:
-            log.error("kernel %s: watch on etcd ended: %s", self.kernel_id, err)
-
-    def _apply_checked(self, event: WatchEvent) -> bool:
-        """Apply ``event``; a malformed value is logged and skipped (it must not end the watch). Returns
-        whether it applied."""
-        try:
-            self._apply_event(event)
-        except MALFORMED as err:
-            log.error("kernel %s: ignoring a malformed value at %s in etcd: %r", self.kernel_id, event.key, err)
-            return False
-        return True
-
-    def _apply_event(self, event: WatchEvent) -> None:
-        rel = event.key[len(self.keys.kernel_prefix(self.kernel_id)) :]
-        section, _, name = rel.partition("/")
-        if section == "replicas" and name:
-            if event.type is EventType.PUT:
-                self._replica_registered(ReplicaRegistration.from_json(event.value))
-            else:
-                self._replica_gone(name, "its etcd lease ended (process exited or unreachable)")
-        elif section == "applied" and name and event.type is EventType.PUT:
-            seq = int(event.value)
-            if seq > self.state_seq.get(name, -1):
-                self.state_seq[name] = seq
-        elif section == "log" and name and event.type is EventType.PUT:
-            seq = self.keys.seq_of(event.key)
-            self.log_head = max(self.log_head, seq)
-            self.published_seq = max(self.published_seq, seq)
-        elif section == "checkpoint" and event.type is EventType.PUT:
-            seq = int(json.loads(event.value).get("seq", 0))
-            self.log_head = max(self.log_head, seq)
-            self.published_seq = max(self.published_seq, seq)
-        elif section == "executor" and event.type is EventType.DELETE and self.executor is not None:
-            self.executor, self.fence = None, 0
-        self.changed.set()
-
-    def _replica_registered(self, registration: ReplicaRegistration) -> None:
-        rid = registration.replica_id
-        old = self.links.pop(rid, None)
-        if old is not None:
-            old.close()
-        link = ReplicaLink(self.ctx, registration, self.identity)
-        self.links[rid] = link
-        self.registrations[rid] = registration
-        self.expected.add(rid)
-        self.state_seq[rid] = max(self.state_seq.get(rid, -1), registration.applied_seq)
-        link.tasks.append(self._spawn(self._replica_loop(link, link.shell, self._on_replica_shell)))
-        link.tasks.append(self._spawn(self._replica_loop(link, link.control, self._on_replica_control)))
-        link.tasks.append(self._spawn(self._replica_loop(link, link.stdin, self._on_replica_stdin)))
-        link.tasks.append(self._spawn(self._replica_loop(link, link.iopub, self._on_replica_iopub)))
-        log.info(
-            "kernel %s: replica %s ready on %s (state seq %d)",
-            self.kernel_id,
-            rid,
-            registration.host,
-            registration.applied_seq,
-        )
 
     def _replica_gone(self, rid: str, why: str) -> None:
         registration = self.registrations.pop(rid, None)
@@ -577,7 +333,7 @@ class ReplicaRouter:
         notice: WaitNotice | None = None  # what the client sees while the cell waits (not on the fast path)
         while True:
             self.waiting = cell
-            cell.waiter = asyncio.ensure_future(self.planner.acquire(request, self.changed))
+            cell.waiter = asyncio.ensure_future(self.planner.acquire(request))
             try:
                 done, _ = await asyncio.wait({cell.waiter}, timeout=BUSY_AFTER_S)
                 if not done:
@@ -651,79 +407,6 @@ class ReplicaRouter:
             self.gpu_seconds += (time.monotonic() - cell.started) * len(grant.devices)
             self.ledger.release(cell.entries)
 
-    async def _commit(self, cell: PendingCell, grant: CellGrant) -> bool:
-        """The one transaction of a cell: executor term (if it changes), cell record and GPU entries."""
-        registration = self.registrations[grant.replica_id]
-        keys, kid = self.keys, self.kernel_id
-        seq = self.log_head + 1
-        executor_key = keys.executor(kid)
-        record = json.dumps(
-            {
-                "msg_id": cell.request.msg_id,
-                "executor": grant.replica_id,
-                "host": grant.host,
-                "gpus": list(grant.devices),
-                "attempt": cell.attempt,
-                "seq": seq,
-            }
-        )
-        gpu_keys = [keys.gpu(grant.host, d) for d in grant.devices]
-        cell_key = keys.cell(kid, cell.request.msg_id)
-        claim = self.ledger.claim(gpu_keys, writes=[cell_key])  # (a cell sent again re-writes its record)
-        compares = [Compare.present(keys.replica(kid, grant.replica_id)), *claim.compares]
-        ops = [Op.put(cell_key, record, lease=registration.lease)]
-        ops += [
-            Op.put(
-                key,
-                json.dumps(
-                    {
-                        "kernel_id": kid,
-                        "replica_id": grant.replica_id,
-                        "msg_id": cell.request.msg_id,
-                    }
-                ),
-                lease=registration.lease,
-            )
-            for key in gpu_keys
-        ]
-        ops += claim.deletes  # earlier cells' entries, released since (see LedgerReleases)
-        switching = self.executor != grant.replica_id or not self.fence
-        result = None
-        try:
-            if switching:
-                # A new executor term: the old executor key goes first, so the new one gets a fresh
-                # create_revision (the fence a stale executor's log write will fail on).
-                if not self._executor_key_absent:
-                    await self.coordinator.delete(executor_key)
-                compares.append(Compare.absent(executor_key))
-                ops.append(Op.put(executor_key, grant.replica_id, lease=registration.lease))
-            else:
-                compares.append(Compare.create_revision(executor_key, "==", self.fence))
-            # A leader election while this runs is settled, not reported (the record is unique to this attempt).
-            result = await txn_once(self.coordinator, compares, ops, outcome_key=cell_key, outcome_value=record)
-        except CoordinationError as err:
-            self._error_reply(cell, "NotebookOSUnavailable", f"{err}")
-            raise _CellAborted(str(err)) from err
-        finally:
-            self.ledger.settle(claim, result is not None and result.succeeded)
-        self._executor_key_absent = False
-        if not result.succeeded:
-            log.warning(
-                "kernel %s: decision for cell %s conflicted in etcd; choosing again",
-                self.kernel_id,
-                cell.request.msg_id,
-            )
-            if switching:
-                self.executor, self.fence = None, 0
-            return False
-        if switching:
-            self.executor, self.fence = grant.replica_id, result.revision
-        cell.seq = seq
-        cell.entries = {cell_key: result.revision}
-        cell.entries.update((key, result.revision) for key in gpu_keys)
-        self.log_head = seq
-        return True
-
     def _fail_running_cell(self, cell: PendingCell, registration: ReplicaRegistration, why: str) -> None:
         self._spawn(self._close_lost_seqs(registration.replica_id))
         if not cell.began_executing:
@@ -737,319 +420,6 @@ class ReplicaRouter:
         )
         self._error_reply(cell, "ReplicaLost", message)
 
-    async def _published_seq(self) -> int:
-        """The highest seq whose record is in the log or covered by the checkpoint (read from etcd)."""
-        keys, kid = self.keys, self.kernel_id
-        records = await self.coordinator.get_prefix(keys.log_prefix(kid), keys_only=True)
-        checkpoint = await self.coordinator.get(keys.checkpoint(kid))
-        covered = 0
-        if checkpoint is not None:
-            try:
-                covered = int(json.loads(checkpoint.value).get("seq", 0))
-            except MALFORMED as err:
-                log.error("kernel %s: ignoring a malformed checkpoint pointer: %r", self.kernel_id, err)
-        return max([covered, *(keys.seq_of(kv.key) for kv in records)])
-
-    async def _close_lost_seqs(self, replica_id: str) -> None:
-        """Write ``lost`` records for every seq a dead executor was given but did not publish."""
-        try:
-            self.published_seq = max(self.published_seq, await self._published_seq())
-        except CoordinationError as err:
-            log.error("kernel %s: cannot read the state log: %s", self.kernel_id, err)
-            return
-        seqs = range(self.published_seq + 1, self.log_head + 1)
-        if not seqs:
-            return
-        log.warning(
-            "kernel %s: replica %s died before publishing the state of log records %s; closing them",
-            self.kernel_id,
-            replica_id,
-            ", ".join(map(str, seqs)),
-        )
-        try:
-            # A stale executor must not publish after this: its fence (the executor key) goes first.
-            await self.coordinator.delete(self.keys.executor(self.kernel_id))
-            for seq in seqs:
-                key = self.keys.log_record(self.kernel_id, seq)
-                # The names the cell's reply said it changed: the next cell's output tells the user they are lost.
-                names = self._changed.pop(seq, [])
-                record = LogRecord(seq=seq, kind="lost", msg_id="", replica_id=replica_id, names=names)
-                await self.coordinator.txn(compare=[Compare.absent(key)], success=[Op.put(key, record.to_json())])
-        except CoordinationError as err:
-            log.error("kernel %s: could not close log records %s: %s", self.kernel_id, list(seqs), err)
-
-    def _remember_changed(self, seq: int, names: list[str]) -> None:
-        """Keep what cell ``seq`` changed until its record is surely published (the last few cells)."""
-        self._changed[seq] = names
-        for old in [s for s in self._changed if s <= self.published_seq or s < seq - CHANGED_MEMORY]:
-            del self._changed[old]
-
-    def _error_reply(self, cell: PendingCell, ename: str, evalue: str) -> None:
-        """Answer ``cell`` with an error (reply on shell, error and idle on iopub)."""
-        grant = cell.grant
-        metadata = {
-            "status": "error",
-            METADATA_KEY: {
-                "replica": grant.replica_id if grant else None,
-                "host": grant.host if grant else None,
-                "gpus": list(grant.devices) if grant else [],
-                "queued_ms": self._queued_ms(cell),
-                "attempt": cell.attempt,
-            },
-        }
-        content = {
-            "status": "error",
-            "ename": ename,
-            "evalue": evalue,
-            "traceback": [f"{ename}: {evalue}"],
-            "execution_count": None,
-        }
-        iopub = self._sockets.get("iopub")
-        shell = self._sockets.get("shell")
-        if iopub is not None:
-            error = self.signer.make(
-                "error",
-                {k: content[k] for k in ("ename", "evalue", "traceback")},
-                cell.request,
-                idents=[b"kernel.error"],
-            )
-            idle = self.signer.make("status", {"execution_state": "idle"}, cell.request, idents=[b"kernel.status"])
-            self._spawn(self._send_all(iopub, [error.frames(), idle.frames()]))
-        if shell is not None:
-            reply = self.signer.make("execute_reply", content, cell.request, metadata=metadata)
-            self._spawn(self._send_all(shell, [reply.frames()]))
-        if not cell.done.done():
-            cell.done.set_result(None)
-
-    async def answer_running_cell(self, why: str) -> None:
-        """Answer the running cell with an error if its executor has not (the kernel is stopped under it, e.g.
-        by a restart), and wait until the answer is sent: every execute_request gets its reply."""
-        cell = self.running
-        if cell is None or cell.done.done():
-            return
-        before = set(self._tasks)
-        self._error_reply(cell, "KernelStopped", why)
-        sends = [t for t in self._tasks if t not in before]
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.gather(*sends), 2)
-
-    @staticmethod
-    async def _send_all(sock: zmq.asyncio.Socket, messages: list[list[bytes]]) -> None:
-        for frames in messages:
-            await sock.send_multipart(frames)
-
-    def _queued_ms(self, cell: PendingCell) -> float:
-        end = cell.started or time.monotonic()
-        return round((end - cell.arrived) * 1000.0, 3)
-
-    # -- client side --------------------------------------------------------------------------------
-
-    async def _client_loop(self, name: str, handler: Callable[[WireMessage], Awaitable[None]]) -> None:
-        sock = self._sockets[name]
-        while True:
-            frames = await sock.recv_multipart(copy=True)
-            try:
-                msg = WireMessage.parse(frames)
-                _ = msg.header  # parse now, so a bad header is refused here
-            except MalformedMessage as err:
-                log.warning("kernel %s: dropped a malformed %s message: %s", self.kernel_id, name, err)
-                continue
-            try:
-                await handler(msg)
-            except MalformedMessage as err:
-                log.warning("kernel %s: dropped a %s message: %s", self.kernel_id, name, err)
-            except zmq.ZMQError as err:
-                log.warning("kernel %s: could not forward a %s message: %s", self.kernel_id, name, err)
-
-    async def _on_client_shell(self, msg: WireMessage) -> None:
-        if msg.msg_type == "execute_request":
-            self.signer.verify(msg)  # we re-sign it, so we must vouch for it
-            msg.content()  # and it must be readable
-            asked = msg.metadata().get(METADATA_KEY)
-            prefer = str(asked["replica"]) if isinstance(asked, dict) and asked.get("replica") is not None else None
-            await self._queue.put(PendingCell(msg, time.monotonic(), prefer=prefer))
-            return
-        target = self._target_replica()
-        if target is None:
-            log.warning("kernel %s: no replica to take %s", self.kernel_id, msg.msg_type)
-            return
-        self._remember_route(msg.msg_id, target)
-        await self.links[target].shell.send_multipart(msg.frames())
-
-    async def _on_client_control(self, msg: WireMessage) -> None:
-        if msg.msg_type not in CONTROL_REQUESTS:
-            # Cells reach a replica only through the queue, the scheduler and a committed decision: one sent on
-            # the control channel would run on some replica with no GPUs, no record and no state delta.
-            log.warning(
-                "kernel %s: dropped %s that arrived on the control channel (there it takes only %s)",
-                self.kernel_id,
-                msg.msg_type,
-                ", ".join(sorted(CONTROL_REQUESTS)),
-            )
-            return
-        if msg.msg_type == "shutdown_request":
-            self.shutting_down = True
-            for rid, link in list(self.links.items()):
-                self._remember_route(msg.msg_id, rid)
-                await link.control.send_multipart(msg.frames())
-            if not self.links:
-                self.exit_code = 0
-            return
-        waiting = self.waiting
-        if msg.msg_type == "interrupt_request" and self.running is None and waiting is not None:
-            # The cell has not reached a replica yet: interrupting it means taking it out of the queue.
-            waiting.interrupted = True
-            if waiting.waiter is not None:
-                waiting.waiter.cancel()
-            reply = self.signer.make("interrupt_reply", {"status": "ok"}, msg)
-            await self._sockets["control"].send_multipart(reply.frames())
-            return
-        target = self._target_replica(prefer_running=True)
-        if target is None:
-            return
-        self._remember_route(msg.msg_id, target)
-        await self.links[target].control.send_multipart(msg.frames())
-
-    async def _on_client_stdin(self, msg: WireMessage) -> None:
-        target = self._stdin_owner or self._target_replica(prefer_running=True)
-        if target is not None and target in self.links:
-            await self.links[target].stdin.send_multipart(msg.frames())
-
-    async def _heartbeat_loop(self) -> None:
-        sock = self._sockets["hb"]
-        while True:
-            frames = await sock.recv_multipart()
-            while not self.quorum and not self.shutting_down:
-                # No answer while a majority of replicas is missing: the client sees the kernel as dead.
-                self.changed.clear()
-                await self.changed.wait()
-            await sock.send_multipart(frames)
-
-    def _target_replica(self, *, prefer_running: bool = False) -> str | None:
-        """Where a non-execute request goes: the running cell's replica, the executor, or the freshest."""
-        if prefer_running and self.running is not None and self.running.grant is not None:
-            rid = self.running.grant.replica_id
-            if rid in self.links:
-                return rid
-        if self.executor in self.links:
-            return self.executor
-        if not self.links:
-            return None
-        return max(self.links, key=lambda r: (self.state_seq.get(r, -1), r))
-
-    def _remember_route(self, msg_id: str, replica_id: str) -> None:
-        self._routes[msg_id] = replica_id
-        self._routes.move_to_end(msg_id)
-        while len(self._routes) > ROUTE_MEMORY:
-            self._routes.popitem(last=False)
-
-    # -- replica side -------------------------------------------------------------------------------
-
-    async def _replica_loop(
-        self,
-        link: ReplicaLink,
-        sock: zmq.asyncio.Socket,
-        handler: Callable[[ReplicaLink, WireMessage, list[bytes]], Awaitable[None]],
-    ) -> None:
-        while True:
-            frames = await sock.recv_multipart(copy=True)
-            try:
-                msg = WireMessage.parse(frames)
-                await handler(link, msg, frames)
-            except MalformedMessage as err:
-                log.warning("kernel %s: replica %s sent a malformed message: %s", self.kernel_id, link.replica_id, err)
-            except zmq.ZMQError as err:
-                log.warning("kernel %s: could not relay from replica %s: %s", self.kernel_id, link.replica_id, err)
-
-    async def _on_replica_shell(self, link: ReplicaLink, msg: WireMessage, frames: list[bytes]) -> None:
-        cell = self.running
-        if (
-            msg.msg_type == "execute_reply"
-            and cell is not None
-            and msg.parent_msg_id == cell.request.msg_id
-            and cell.grant is not None
-            and cell.grant.replica_id == link.replica_id
-        ):
-            metadata = msg.metadata()
-            ours = dict(metadata.get(METADATA_KEY) or {})
-            ours.setdefault("replica", link.replica_id)
-            ours.setdefault("host", link.host)
-            ours.setdefault("gpus", list(cell.grant.devices))
-            ours.update(queued_ms=self._queued_ms(cell), attempt=cell.attempt)
-            metadata[METADATA_KEY] = ours
-            if isinstance(ours.get("changed"), list):
-                self._remember_changed(cell.seq, [str(n) for n in ours["changed"]])
-            resident = ours.get("resident")
-            if isinstance(resident, list):
-                self.planner.note_resident(self.kernel_id, link.replica_id, link.host, [int(d) for d in resident])
-            msg = self.signer.with_metadata(msg, metadata)
-            await self._sockets["shell"].send_multipart(msg.frames())
-            # The executor has the state of this cell in memory already.
-            self.state_seq[link.replica_id] = max(self.state_seq.get(link.replica_id, -1), cell.seq)
-            self.cells_run += 1
-            if not cell.done.done():
-                cell.done.set_result(None)
-            return
-        if self._routes.get(msg.parent_msg_id) == link.replica_id:
-            await self._sockets["shell"].send_multipart(frames)
-
-    async def _on_replica_control(self, link: ReplicaLink, msg: WireMessage, frames: list[bytes]) -> None:
-        if not msg.idents:
-            # A reply to the router's own request: an eviction's answer, or an interrupt's (from a signal).
-            answer = self._evictions.get(msg.parent_msg_id)
-            if answer is not None and not answer.done():
-                answer.set_result(msg.content())
-            return
-        if msg.msg_type == "shutdown_reply":
-            # Every replica answers; clients get one reply.
-            if self._routes.pop(msg.parent_msg_id, None) is None:
-                return
-        elif self._routes.get(msg.parent_msg_id) != link.replica_id:
-            return
-        await self._sockets["control"].send_multipart(frames)
-
-    async def _on_replica_stdin(self, link: ReplicaLink, msg: WireMessage, frames: list[bytes]) -> None:
-        self._stdin_owner = link.replica_id
-        await self._sockets["stdin"].send_multipart(frames)
-
-    async def _on_replica_iopub(self, link: ReplicaLink, msg: WireMessage, frames: list[bytes]) -> None:
-        parent = msg.parent_msg_id
-        if parent:
-            if self._routes.get(parent) != link.replica_id:
-                return
-            cell = self.running
-            if cell is not None and parent == cell.request.msg_id:
-                cell.began_executing = True
-        elif link.replica_id != self._target_replica():
-            return  # unparented output (e.g. a background thread): from the executor only
-        await self._sockets["iopub"].send_multipart(frames)
-
-    # -- helpers ------------------------------------------------------------------------------------
-
-    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
-        self._tasks.append(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        with contextlib.suppress(ValueError):
-            self._tasks.remove(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("kernel %s: router task failed: %r", self.kernel_id, task.exception())
-
-    def _synthetic_parent(self, msg_type: str) -> WireMessage:
-        header = json.dumps(
-            {
-                "msg_id": f"router-{time.monotonic_ns()}",
-                "msg_type": msg_type,
-                "session": self.signer.session.session,
-                "username": "notebookos",
-                "version": "5.3",
-            }
-        ).encode()
-        return WireMessage([], b"", header, b"{}", b"{}", b"{}")
-
     def summary(self) -> dict[str, Any]:
         """The router's state for ``GET /api/notebookos/kernels/{id}``."""
         return {
@@ -1060,10 +430,6 @@ class ReplicaRouter:
             "running": self.running.request.msg_id if self.running else None,
             "gpu_seconds_used": round(self.gpu_seconds, 3),
         }
-
-
-class _CellAborted(Exception):
-    """The cell could not be committed and was answered with an error already."""
 
 
 __all__ = [

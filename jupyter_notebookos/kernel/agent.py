@@ -21,6 +21,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from jupyter_notebookos.coordination import election
 from jupyter_notebookos.coordination.client import Coordinator
 from jupyter_notebookos.coordination.errors import CoordinationError, LeaseLost, PermissionDenied
 from jupyter_notebookos.coordination.keys import KeyLayout
@@ -350,7 +351,7 @@ class ReplicaAgent:
         while True:
             try:
                 result = await co.txn(
-                    compare=[Compare.create_revision(executor_key, "==", fence), *map(Compare.absent, log_keys)],
+                    compare=[election.fence(executor_key, fence), *map(Compare.absent, log_keys)],
                     success=[
                         *(Op.put(k, r.to_json()) for k, r in zip(log_keys, records, strict=True)),
                         Op.put(self.keys.applied(self.kid, self.rid), str(last), lease=self.lease),
@@ -396,15 +397,7 @@ class ReplicaAgent:
                 False,
                 f"log record {record.seq} already exists (cell {existing.msg_id} by replica {existing.replica_id})",
             )
-        if not executor_items:
-            return PublishOutcome(record.seq, False, f"no executor is elected ({executor_key} is absent)")
-        current = executor_items[0]
-        return PublishOutcome(
-            record.seq,
-            False,
-            f"the executor key was created at revision {current.create_revision} (value {current.text!r}), "
-            f"but this cell's fence is {fence}: this replica is no longer the executor",
-        )
+        return PublishOutcome(record.seq, False, election.term_refusal(executor_key, executor_items, fence))
 
     async def checkpoint_due(self, head_seq: int, every: int) -> list[int] | None:
         """The log seqs a checkpoint at ``head_seq`` may delete, when that is at least ``every`` records.
@@ -446,7 +439,7 @@ class ReplicaAgent:
             return False
         result = await co.txn(
             compare=[
-                Compare.create_revision(self.keys.executor(self.kid), "==", fence),
+                election.fence(self.keys.executor(self.kid), fence),
                 Compare.mod_revision(key, "==", current.mod_revision if current is not None else 0),
                 Compare.present(self.keys.log_record(self.kid, pointer.seq)),
             ],

@@ -37,8 +37,7 @@ from jupyter_notebookos.gpu.binding import GpuBinding
 from jupyter_notebookos.kernel.agent import PublishOutcome, ReplicaAgent
 from jupyter_notebookos.kernel.lostchanges import LostChanges
 from jupyter_notebookos.kernel.settings import ReplicaSettings
-from jupyter_notebookos.kernel.statelog import PendingDelta, StateLog, serialize_delta
-from jupyter_notebookos.replication.checkpoint import collect_unreferenced
+from jupyter_notebookos.kernel.statelog import PendingDelta, StateLog, collect_unreferenced, serialize_delta
 from jupyter_notebookos.replication.protocol import FIRST_SEQ, METADATA_KEY, CellDirective, LogRecord
 from jupyter_notebookos.replication.serialization import UnreplicatedValue
 from jupyter_notebookos.replication.state import StateTracker

@@ -12,6 +12,10 @@ Publishing is split in two around the ``execute_reply`` (DESIGN.md section 2, st
 
 Between the two the namespace must not change: the replica kernel runs nothing else until the record is
 published (``ReplicaKernel._quiesce``).
+
+Checkpoints go the same two steps (:meth:`StateLog.serialize_checkpoint`, :meth:`StateLog.finish_checkpoint`); a
+replacement replica reads one back with :meth:`StateLog.read_checkpoint`. Once a checkpoint is committed,
+:func:`collect_unreferenced` deletes from the kernel's store what it superseded.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import base64
 import dataclasses
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_notebookos.kernel.settings import INLINE_PAYLOAD_LIMIT
@@ -213,3 +217,51 @@ class StateLog:
                 "in the store, and is refused"
             )
         return StateRecord.from_bytes(data)
+
+
+# -- garbage collection ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GarbageReport:
+    """What one garbage collection did: the buffers and checkpoints it removed, and what it kept."""
+
+    deleted_buffers: tuple[str, ...] = ()
+    deleted_checkpoints: tuple[int, ...] = ()
+    kept_buffers: int = 0
+    kept_too_young: tuple[str, ...] = field(default_factory=tuple)
+
+    def __str__(self) -> str:
+        return (
+            f"object store GC: deleted {len(self.deleted_buffers)} buffer(s) and "
+            f"{len(self.deleted_checkpoints)} old checkpoint(s); kept {self.kept_buffers} referenced "
+            f"buffer(s) and {len(self.kept_too_young)} unreferenced buffer(s) younger than the grace period"
+        )
+
+
+def collect_unreferenced(
+    store: ObjectStore, checkpoint_seq: int | None, referenced: Iterable[str], *, grace_seconds: float = 600.0
+) -> GarbageReport:
+    """Delete the buffers not in ``referenced`` (older than ``grace_seconds``) and the checkpoints older than
+    ``checkpoint_seq`` (the one the kernel's checkpoint pointer names; newer ones are kept: one may be on its
+    way to being committed). This is what the executor runs after it committed a checkpoint, with the keys the
+    pointer and the log records after it name (:class:`~jupyter_notebookos.replication.protocol.LogRecord`
+    ``objects``), so it never has to read a record's payload."""
+    keep = set(referenced)
+    deleted: list[str] = []
+    young: list[str] = []
+    kept = 0
+    for key in list(store.buffer_keys()):
+        if key in keep:
+            kept += 1
+            continue
+        age = store.age_seconds(key)
+        if grace_seconds > 0 and (age is None or age < grace_seconds):
+            young.append(key)
+            continue
+        store.delete(key)
+        deleted.append(key)
+    old = [seq for seq in store.checkpoint_seqs() if checkpoint_seq is not None and seq < checkpoint_seq]
+    for seq in old:
+        store.delete(store.checkpoint_key(seq))
+    return GarbageReport(tuple(deleted), tuple(old), kept, tuple(young))

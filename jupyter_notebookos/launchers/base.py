@@ -39,6 +39,10 @@ class ReplicaSpec:
     secret_env: dict[str, str] = field(default_factory=dict)
     # The kernelspec's process_proxy config (image, resources, ...), as Enterprise Gateway passes it.
     config: dict[str, object] = field(default_factory=dict)
+    # The kernel's request, resolved once by the process proxy: GPUs per cell (KERNEL_GPUS), and seconds a replica
+    # may take to start (KERNEL_LAUNCH_TIMEOUT or the kernelspec's launch_timeout; None: the launcher's default).
+    gpus: int = 1
+    launch_timeout: float | None = None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 The replica kernel uses ``state.StateTracker`` (``before_cell`` / ``after_cell`` -> ``StateDelta``),
 ``serialization.encode_delta`` (-> ``StateRecord``, whose bytes go to the state log) and
-``serialization.apply_record`` on followers; ``checkpoint.make_checkpoint`` / ``restore`` /
-``collect_garbage`` for log compaction and replacement replicas; ``objectstore.ObjectStore`` for the buffers.
+``serialization.apply_record`` on followers and replacement replicas; ``objectstore.ObjectStore`` for the buffers.
+Checkpoints (``serialization.encode_values`` of the whole namespace) and the object store's garbage collection
+are the replica's: :mod:`jupyter_notebookos.kernel.statelog`.
 """

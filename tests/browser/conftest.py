@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 from lab_stack import Browser, Service, missing_browser_tools, start_browser, start_gateway, start_lab
+from support import etcd_running
 
-from jupyter_notebookos.embedded.etcd import EtcdBinaryMissing, EtcdCluster, find_etcd_binary
+from jupyter_notebookos.embedded.etcd import EtcdCluster
 
 
 @pytest.fixture(scope="module")
@@ -25,15 +26,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def etcd(workdir: Path) -> Iterator[EtcdCluster]:
     """A one-member etcd cluster for our gateway app."""
-    try:
-        find_etcd_binary()
-    except EtcdBinaryMissing as exc:
-        pytest.skip(str(exc))
-    cluster = EtcdCluster(workdir / "etcd", 1).start()
-    try:
+    with etcd_running(workdir / "etcd") as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")

@@ -26,19 +26,14 @@ from pathlib import Path
 import psutil
 import requests
 
+from jupyter_notebookos.embedded.runner import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 GATEWAY_PYTHON = REPO / ".venv" / "bin" / "python"
 LAB_JUPYTER = REPO / ".venv-lab" / "bin" / "jupyter"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 LAUNCHER = Path(__file__).resolve().parent / "gateway_launcher.py"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def missing_browser_tools() -> str | None:

@@ -13,39 +13,26 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from support import etcd_running
 
 from jupyter_notebookos.coordination import Coordinator
-from jupyter_notebookos.embedded.etcd import EtcdBinaryMissing, EtcdCluster, find_etcd_binary
+from jupyter_notebookos.embedded.etcd import EtcdCluster
 
 MEMBER_COUNTS = [pytest.param(1, id="1-member"), pytest.param(3, id="3-members")]
-
-
-def _require_etcd() -> None:
-    try:
-        find_etcd_binary()
-    except EtcdBinaryMissing as exc:
-        pytest.skip(str(exc))
-
-
-def _cluster(data_dir: Path, members: int) -> Iterator[EtcdCluster]:
-    _require_etcd()
-    cluster = EtcdCluster(data_dir, members).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module", params=MEMBER_COUNTS)
 def shared_etcd(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
     """A cluster shared by the tests of one module (do not kill its members)."""
-    yield from _cluster(tmp_path_factory.mktemp("etcd"), request.param)
+    with etcd_running(tmp_path_factory.mktemp("etcd"), request.param) as cluster:
+        yield cluster
 
 
 @pytest.fixture(params=MEMBER_COUNTS)
 def fresh_etcd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EtcdCluster]:
     """A new cluster for one test, which may kill and restart its members."""
-    yield from _cluster(tmp_path / "etcd", request.param)
+    with etcd_running(tmp_path / "etcd", request.param) as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Leases (expiry, keepalive) and fenced elections against a real etcd (1 and 3 members)."""
+"""Leases (expiry, keepalive) and fenced executor terms against a real etcd (1 and 3 members)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from jupyter_notebookos.coordination import Coordinator, Election, LeaseLost, Op, TransactionConflict
+from jupyter_notebookos.coordination import Coordinator, Lease, LeaseLost, Op
+from jupyter_notebookos.coordination.election import fence, open_term, term_refusal
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -54,70 +55,72 @@ async def test_keepalive_keeps_a_lease_alive_well_past_its_ttl(coordinator: Coor
         lease.check()
 
 
+async def _open_term(coordinator: Coordinator, key: str, holder: str, lease: Lease) -> int:
+    """Open an executor term as the router does; returns its fencing token."""
+    vacant, claim = open_term(key, holder, lease)
+    result = await coordinator.txn([vacant], [claim])
+    assert result.succeeded, f"{key} is held"
+    return result.revision
+
+
+async def _fenced_put(coordinator: Coordinator, term_key: str, token: int, key: str, value: str) -> str | None:
+    """Put ``key`` fenced on the term; None when it went through, else why it was refused."""
+    result = await coordinator.txn([fence(term_key, token)], [Op.put(key, value)], [Op.get(term_key)])
+    return None if result.succeeded else term_refusal(term_key, result.results[0].items, token)
+
+
 @pytest.mark.asyncio
-async def test_campaign_waits_for_the_leader_to_go(coordinator: Coordinator) -> None:
+async def test_a_second_term_cannot_open_while_one_is_in_force(coordinator: Coordinator) -> None:
     key = coordinator.keys.executor("k1")
     lease_a = await coordinator.grant_lease(5)
     lease_b = await coordinator.grant_lease(5)
-    a = Election(coordinator, key, lease_a, value="r0")
-    b = Election(coordinator, key, lease_b, value="r1")
-
-    token_a = await a.campaign(timeout=5)
-    assert await b.try_campaign() is None
-    waiting = asyncio.ensure_future(b.campaign(timeout=10))
-    await asyncio.sleep(0.3)
-    assert not waiting.done()
-    leader = await b.leader()
-    assert leader is not None and (leader.text, leader.token, leader.lease) == ("r0", token_a, lease_a.id)
-
-    assert await a.resign() is True
-    token_b = await asyncio.wait_for(waiting, 5)
-    assert token_b > token_a
-    assert await b.is_leader() and not await a.is_leader()
+    token_a = await _open_term(coordinator, key, "r0", lease_a)
+    vacant, claim = open_term(key, "r1", lease_b)
+    assert not (await coordinator.txn([vacant], [claim])).succeeded
+    held = await coordinator.get(key)
+    assert held is not None and (held.text, held.create_revision, held.lease) == ("r0", token_a, lease_a.id)
     await lease_a.revoke()
+    assert await _open_term(coordinator, key, "r1", lease_b) > token_a
     await lease_b.revoke()
 
 
 @pytest.mark.asyncio
-async def test_stale_leader_cannot_commit_after_its_lease_expired(coordinator: Coordinator) -> None:
+async def test_stale_executor_cannot_commit_after_its_lease_expired(coordinator: Coordinator) -> None:
     keys = coordinator.keys
     key = keys.executor("k1")
     lease_a = await coordinator.grant_lease(1)
-    a = Election(coordinator, key, lease_a, value="r0")
-    await a.campaign(timeout=5)
-    await a.fenced_txn([Op.put(keys.cell("k1", "m1"), "r0")])
+    token_a = await _open_term(coordinator, key, "r0", lease_a)
+    assert await _fenced_put(coordinator, key, token_a, keys.cell("k1", "m1"), "r0") is None
 
-    # r0 freezes (no more renewals): its lease expires and r1 takes over.
+    # r0 freezes (no more renewals): its lease expires, the term with it, and r1 gets the next one.
     await lease_a.stop_keepalive()
+    await _wait_until_absent(coordinator, key, 10)
     lease_b = await coordinator.grant_lease(5)
-    b = Election(coordinator, key, lease_b, value="r1")
-    await b.campaign(timeout=10)
+    token_b = await _open_term(coordinator, key, "r1", lease_b)
 
-    with pytest.raises(TransactionConflict, match="stale leader"):
-        await a.fenced_txn([Op.put(keys.cell("k1", "m2"), "r0")])
+    refusal = await _fenced_put(coordinator, key, token_a, keys.cell("k1", "m2"), "r0")
+    assert refusal is not None and "no longer the executor" in refusal
     assert await coordinator.get(keys.cell("k1", "m2")) is None
-    await b.fenced_txn([Op.put(keys.cell("k1", "m2"), "r1")])
+    assert await _fenced_put(coordinator, key, token_b, keys.cell("k1", "m2"), "r1") is None
     cell = await coordinator.get(keys.cell("k1", "m2"))
     assert cell is not None and cell.text == "r1"
     await lease_b.revoke()
 
 
 @pytest.mark.asyncio
-async def test_deposed_leader_is_fenced_even_if_its_lease_lives(coordinator: Coordinator) -> None:
+async def test_deposed_executor_is_fenced_even_if_its_lease_lives(coordinator: Coordinator) -> None:
     """The router reassigns the executor (deletes the key); the old executor still has a live lease."""
     keys = coordinator.keys
     key = keys.executor("k2")
     lease_a = await coordinator.grant_lease(5)
     lease_b = await coordinator.grant_lease(5)
-    a = Election(coordinator, key, lease_a, value="r0")
-    b = Election(coordinator, key, lease_b, value="r1")
-    await a.campaign(timeout=5)
+    token_a = await _open_term(coordinator, key, "r0", lease_a)
     await coordinator.delete(key)
-    await b.campaign(timeout=5)
-    with pytest.raises(TransactionConflict):
-        await a.fenced_txn([Op.put(keys.gpu("h1", 0), "r0")], timeout=2)
+    assert await _fenced_put(coordinator, key, token_a, keys.gpu("h1", 0), "r0") == (
+        f"no executor is elected ({key} is absent)"
+    )
+    await _open_term(coordinator, key, "r1", lease_b)
+    assert await _fenced_put(coordinator, key, token_a, keys.gpu("h1", 0), "r0") is not None
     assert await coordinator.get(keys.gpu("h1", 0)) is None
-    assert await a.resign() is False  # must not delete r1's key
-    assert await b.is_leader()
     await lease_a.revoke()
     await lease_b.revoke()

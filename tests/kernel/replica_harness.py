@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
+from support import etcd_running
 
 from jupyter_notebookos.coordination.client import Coordinator
 from jupyter_notebookos.coordination.keys import KeyLayout
@@ -129,9 +130,7 @@ class Replica:
         while not (idle and cell.reply):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(
-                    f"cell did not finish in {timeout} s:\n{code}\n--- replica log:\n{self.log()}"
-                )
+                raise TimeoutError(f"cell did not finish in {timeout} s:\n{code}\n--- replica log:\n{self.log()}")
             if not cell.reply:
                 try:
                     reply = client.get_shell_msg(timeout=min(remaining, 0.05))
@@ -177,11 +176,8 @@ class Replica:
 
 @pytest.fixture(scope="session")
 def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), members=1).start()
-    try:
+    with etcd_running(tmp_path_factory.mktemp("etcd")) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 class ReplicaFactory:
@@ -249,9 +245,7 @@ class ReplicaFactory:
             if kv is not None:
                 return p.ReplicaRegistration.from_json(kv.value)
             if replica.proc.poll() is not None:
-                raise AssertionError(
-                    f"replica {replica.rid} exited with {replica.proc.returncode}:\n{replica.log()}"
-                )
+                raise AssertionError(f"replica {replica.rid} exited with {replica.proc.returncode}:\n{replica.log()}")
             time.sleep(0.05)
         raise AssertionError(f"replica {replica.rid} did not register in {timeout} s:\n{replica.log()}")
 
@@ -277,9 +271,7 @@ class ReplicaFactory:
             if (self.applied(rid) or 0) >= seq:
                 return
             time.sleep(0.02)
-        raise AssertionError(
-            f"replica {rid} did not apply seq {seq} in {timeout} s (applied {self.applied(rid)})"
-        )
+        raise AssertionError(f"replica {rid} did not apply seq {seq} in {timeout} s (applied {self.applied(rid)})")
 
     def wait_record(self, seq: int, timeout: float = 10) -> p.LogRecord:
         deadline = time.monotonic() + timeout

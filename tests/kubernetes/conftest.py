@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from fakekube import IMAGE, NAMESPACE, FakeCluster
-from replicas import start_etcd
+from support import etcd_running
 
 from jupyter_notebookos.embedded.etcd import EtcdCluster
 from jupyter_notebookos.launchers.kubernetes.launcher import KubernetesLauncher
@@ -49,6 +49,5 @@ async def make_launcher(cluster: FakeCluster) -> AsyncIterator[Callable[..., Kub
 @pytest.fixture(scope="module")
 def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
     """A real one-member etcd per test module (the gateway tests' coordination)."""
-    cluster = start_etcd(tmp_path_factory.mktemp("etcd"))
-    yield cluster
-    cluster.stop()
+    with etcd_running(tmp_path_factory.mktemp("etcd")) as cluster:
+        yield cluster

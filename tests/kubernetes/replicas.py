@@ -6,21 +6,10 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-import pytest
 from fakekube import FakeCluster, until
 
-from jupyter_notebookos.embedded.etcd import EtcdBinaryMissing, EtcdCluster, find_etcd_binary
 from jupyter_notebookos.gateway.platform import GatewayPlatform
 from jupyter_notebookos.replication.protocol import ReplicaRegistration
-
-
-def start_etcd(path: Any) -> EtcdCluster:
-    """A one-member etcd for a test module (skips the module when no etcd binary is installed)."""
-    try:
-        find_etcd_binary()
-    except EtcdBinaryMissing as err:
-        pytest.skip(str(err))
-    return EtcdCluster(path, 1).start()
 
 
 def free_ports(count: int) -> dict[str, int]:

@@ -20,6 +20,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from support import free_port
 
 from jupyter_notebookos.coordination.client import Coordinator, EtcdTls
 from jupyter_notebookos.coordination.errors import CoordinationError, EtcdUnavailable
@@ -74,12 +75,6 @@ def _write(path: Path, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) 
     return str(crt), str(pem)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def tls_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
     """A 1-member etcd that serves TLS and requires client certificates; yields its endpoint and PEM paths."""
@@ -92,7 +87,7 @@ def tls_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, di
     ca_crt, _ = _write(root / "ca", ca_cert, ca_key)
     server_crt, server_key = _write(root / "server", *_issue("etcd-0", (ca_cert.subject, ca_key), server=True))
     client_crt, client_key = _write(root / "client", *_issue("notebookos-gateway", (ca_cert.subject, ca_key)))
-    client_port, peer_port = _free_port(), _free_port()
+    client_port, peer_port = free_port(), free_port()
     url = f"https://127.0.0.1:{client_port}"
     process = subprocess.Popen(
         [

@@ -95,7 +95,8 @@ def _start_kernel(platform: GatewayPlatform, **env: str) -> asyncio.Task[Any]:
             ports=free_ports(5),
             key=b"0123456789abcdef",
             signature_scheme="hmac-sha256",
-            env={"KERNEL_GPUS": "1", **env},
+            env=env,
+            gpus=1,
             launch_timeout=20.0,
         )
     )
@@ -254,7 +255,8 @@ async def test_the_kernelspec_config_reaches_replacement_replicas_and_is_recorde
             ports=free_ports(5),
             key=b"0123456789abcdef",
             signature_scheme="hmac-sha256",
-            env={"KERNEL_GPUS": "1", "KERNEL_MEMORY": "6Gi"},
+            env={"KERNEL_MEMORY": "6Gi"},
+            gpus=1,
             launch_timeout=20.0,
             config=config,
         )

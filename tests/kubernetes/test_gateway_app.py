@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest_asyncio
 from fakekube import FakeCluster, until, validate_strict
 from helmchart import gateway_config, kernelspec, render
 from replicas import env_of, register, run_replica_pods
+from support import free_port
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets.config import Config
 
@@ -35,12 +35,6 @@ ROOT_PASSWORD = "etcd-root-password-for-this-test"
 # An S3 store, so the chart puts kernels in a namespace of their own ("<release namespace>-kernels").
 VALUES = {"objectStore": {"type": "s3", "s3": {"url": "s3://notebookos-test/objects"}}}
 NAMESPACE = "notebookos-kernels"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest_asyncio.fixture
@@ -64,7 +58,7 @@ async def gateway(
     # As the chart's deployment sets them (the chart's own values are checked in test_chart).
     config["EnterpriseGatewayApp"] = {
         "ip": "127.0.0.1",
-        "port": _free_port(),
+        "port": free_port(),
         "auth_token": TOKEN,
         "allowed_kernels": ["python3-notebookos"],
     }

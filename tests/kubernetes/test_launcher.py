@@ -141,7 +141,7 @@ async def test_launch_times_out_with_advice(
 ) -> None:
     launcher = make_launcher()
     with pytest.raises(LaunchError, match=r"did not start within 0s; raise KubernetesLauncher.launch_timeout"):
-        await launcher.start_replica(spec(KERNEL_LAUNCH_TIMEOUT="0.2"))
+        await launcher.start_replica(dataclasses.replace(spec(), launch_timeout=0.2))
     assert cluster.pods() == []
 
 

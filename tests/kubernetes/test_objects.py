@@ -33,7 +33,7 @@ SETTINGS = PodSettings(
 
 
 def spec(
-    env: dict[str, str] | None = None, config: dict[str, Any] | None = None, host: str = "gpu-node-1"
+    env: dict[str, str] | None = None, config: dict[str, Any] | None = None, host: str = "gpu-node-1", gpus: int = 1
 ) -> ReplicaSpec:
     return ReplicaSpec(
         kernel_id=KERNEL,
@@ -42,13 +42,17 @@ def spec(
         kernel_name="python3-notebookos",
         env={"KERNEL_USERNAME": "alice", **(env or {})},
         config=config or {},
+        gpus=gpus,  # KERNEL_GPUS, as the process proxy resolved it
     )
 
 
 def build(
-    env: dict[str, str] | None = None, config: dict[str, Any] | None = None, node: str | None = "gpu-node-1"
+    env: dict[str, str] | None = None,
+    config: dict[str, Any] | None = None,
+    node: str | None = "gpu-node-1",
+    gpus: int = 1,
 ) -> dict[str, Any]:
-    replica = spec(env, config)
+    replica = spec(env, config, gpus=gpus)
     request = resolve_replica_request(replica, SETTINGS)
     name = objects.replica_pod_name(KERNEL, "r1", "ab12cd")
     return objects.make_replica_pod(replica, request, SETTINGS, name=name, node=node)
@@ -63,7 +67,6 @@ FULL_ENV = {
     "KERNEL_MEMORY": "8Gi",
     "KERNEL_CPUS_LIMIT": "4",
     "KERNEL_MEMORY_LIMIT": "16Gi",
-    "KERNEL_GPUS": "2",
     "KERNEL_UID": "1000",
     "KERNEL_GID": "100",
     "KERNEL_WORKING_DIR": "/home/jovyan/work",
@@ -96,7 +99,7 @@ def test_replica_pod_is_one_never_restarting_replica_kept_apart_from_its_sibling
 
 
 def test_replica_pod_never_requests_gpus_but_carries_the_per_cell_count() -> None:
-    pod = build(FULL_ENV)
+    pod = build(FULL_ENV, gpus=2)
     (container,) = pod["spec"]["containers"]
     assert "nvidia.com/gpu" not in json.dumps(container["resources"])
     assert container["resources"] == {
@@ -189,8 +192,6 @@ def test_pod_names_are_valid_and_unique_per_incarnation() -> None:
         ({"KERNEL_SERVICE_ACCOUNT_NAME": "Admin!"}, {}, "KERNEL_SERVICE_ACCOUNT_NAME 'Admin!'"),
         ({"KERNEL_UID": "0"}, {}, "KERNEL_UID 0 is prohibited"),
         ({"KERNEL_UID": "alice"}, {}, "KERNEL_UID 'alice' is not an integer"),
-        ({"KERNEL_GPUS": "-1"}, {}, "KERNEL_GPUS '-1' is out of range"),
-        ({"KERNEL_GPUS": "two"}, {}, "KERNEL_GPUS 'two' is not an integer"),
         ({"KERNEL_WORKING_DIR": "work"}, {}, "KERNEL_WORKING_DIR 'work' is not an absolute path"),
         ({"KERNEL_VOLUMES": "{not: [valid"}, {}, "KERNEL_VOLUMES"),
         ({"KERNEL_VOLUMES": '"just a string"'}, {}, "is not a list of objects"),
@@ -201,7 +202,6 @@ def test_pod_names_are_valid_and_unique_per_incarnation() -> None:
             {},
             "names a volume that is not defined",
         ),
-        ({"KERNEL_LAUNCH_TIMEOUT": "soon"}, {}, "KERNEL_LAUNCH_TIMEOUT 'soon' is not a number"),
         ({}, {"image_name": ""}, None),  # empty config falls back to the setting: valid
     ],
 )

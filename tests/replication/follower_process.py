@@ -29,7 +29,6 @@ def main() -> None:
     import nsprobe
     from IPython.core.interactiveshell import InteractiveShell
 
-    from jupyter_notebookos.replication.checkpoint import restore
     from jupyter_notebookos.replication.chunks import BufferLineage
     from jupyter_notebookos.replication.objectstore import ObjectStore
     from jupyter_notebookos.replication.serialization import apply_record
@@ -48,8 +47,9 @@ def main() -> None:
             if command == "apply":
                 result: Any = list(apply_record(arg, ns, store, lineage).bound)
             elif command == "restore":
-                checkpoint, records = arg
-                restore(checkpoint, records, store, ns)
+                checkpoint, records = arg  # a checkpoint and the log records after it, as a new replica starts
+                for record in [checkpoint, *records]:
+                    apply_record(record, ns, store, lineage)
                 result = None
             elif command == "eval":
                 result = eval(arg, ns)

@@ -6,7 +6,7 @@ import nsprobe
 import numpy as np
 import pytest
 
-from jupyter_notebookos.replication.checkpoint import collect_garbage, collect_unreferenced, make_checkpoint
+from jupyter_notebookos.kernel.statelog import StateLog, collect_unreferenced
 from jupyter_notebookos.replication.objectstore import (
     BufferCorruptError,
     BufferMissingError,
@@ -128,19 +128,19 @@ def test_checkpoint_plus_later_records_restores_the_executor_namespace(executor,
         "acc = Acc()\nalias = acc.items\nbig = np.arange(2 ** 18, dtype=np.float64)"
     )
     executor.run("acc.add(1)")
-    checkpoint = make_checkpoint(
-        executor.ns, store, hidden=executor.shell.user_ns_hidden, lineage=executor.tracker.lineage
-    )
+    # As the executor checkpoints (ReplicaKernel._maybe_checkpoint) and a new replica restores (StateLog).
+    statelog = StateLog(store, "r0", lineage=executor.tracker.lineage)
+    pending = statelog.serialize_checkpoint(executor.ns, executor.tracker.user_names(), executor.threshold)
+    pointer = statelog.finish_checkpoint(pending, 2)
+    checkpoint = statelog.read_checkpoint(pointer)
     assert checkpoint.kind == "checkpoint" and checkpoint.buffers and not checkpoint.unserializable
-    store.put_checkpoint(2, checkpoint.to_bytes())
     start = len(executor.records)
     executor.run("acc.add(2)\nbig[0] = 99.0")
     executor.run("later = Acc()\nlater.add(acc)")
     executor.run("del alias")
 
-    seq, data = store.latest_checkpoint()
-    assert seq == 2
-    replica.call("restore", (data, executor.records[start:]))
+    assert store.latest_checkpoint()[0] == 2
+    replica.call("restore", (checkpoint.to_bytes(), executor.records[start:]))
     assert replica.describe() == nsprobe.describe(executor.ns, executor.shell.user_ns_hidden)
     assert replica.eval("isinstance(later, Acc) and later.items[0] is acc and acc.add(3)") == 3
 
@@ -149,19 +149,22 @@ def test_garbage_collection_removes_only_unreferenced_buffers(executor, store):
     executor.run("import numpy as np\nold = np.ones(2 ** 18)")
     old_key = executor.encoded[-1].object_keys[0]
     executor.run("old = None\nkept = np.zeros(2 ** 18)")
-    checkpoint = make_checkpoint(executor.ns, store)
-    store.put_checkpoint(1, checkpoint.to_bytes())
-    store.put_checkpoint(0, checkpoint.to_bytes())  # an older checkpoint, superseded
+    statelog = StateLog(store, "r0")
+    pending = statelog.serialize_checkpoint(executor.ns, executor.tracker.user_names(), executor.threshold)
+    pointer = statelog.finish_checkpoint(pending, 1)
+    store.put_checkpoint(0, b"an older checkpoint, superseded")
     executor.run("newer = np.full(2 ** 18, 7.0)")
     newer_key = executor.encoded[-1].object_keys[0]
+    # What the executor collects with after a checkpoint: the keys its pointer and the later records name.
+    referenced = {*pointer.objects, *executor.encoded[-1].object_keys}
 
-    young = collect_garbage(store, executor.records[-1:], grace_seconds=3600)
+    young = collect_unreferenced(store, pointer.seq, referenced, grace_seconds=3600)
     assert young.deleted_buffers == () and old_key in young.kept_too_young
     assert young.deleted_checkpoints == (0,)
 
-    report = collect_garbage(store, executor.records[-1:], grace_seconds=0)
+    report = collect_unreferenced(store, pointer.seq, referenced, grace_seconds=0)
     assert report.deleted_buffers == (old_key,)
-    assert set(store.buffer_keys()) == {*checkpoint.object_keys, newer_key}
+    assert set(store.buffer_keys()) == {*pointer.objects, newer_key}
     assert store.checkpoint_seqs() == [1]
     assert "deleted 1 buffer(s)" in str(report)
 

@@ -135,7 +135,9 @@ def resolve_replica_request(spec: ReplicaSpec, settings: PodSettings) -> Replica
 
     Every key of the kernelspec's config is used (an unknown one is refused). What the kernel's own ``KERNEL_*``
     variables ask for beyond the deployer's choices (its image, service account, volumes) must be on the deployer's
-    allowlists. Raises :class:`InvalidKernelRequest` naming the offending field, the rule and how to fix it.
+    allowlists. GPUs and the launch timeout come resolved in ``spec`` (by the process proxy, from ``KERNEL_GPUS``
+    and ``KERNEL_LAUNCH_TIMEOUT``). Raises :class:`InvalidKernelRequest` naming the offending field, the rule and
+    how to fix it.
     """
     config, env = spec.config, spec.env
     unknown = sorted(set(config) - CONFIG_KEYS - PROXY_CONFIG_KEYS)
@@ -189,7 +191,7 @@ def resolve_replica_request(spec: ReplicaSpec, settings: PodSettings) -> Replica
     runtime_class = str(config.get("runtime_class_name") or settings.runtime_class_name)
     if runtime_class:
         check_dns1123_subdomain("runtime class name", runtime_class)
-    gpus = check_int("KERNEL_GPUS", pick("KERNEL_GPUS", "gpus", 1), 0, 1024)
+    gpus = spec.gpus
 
     quantities: dict[str, str] = {}
     for env_name, key in (
@@ -260,13 +262,7 @@ def resolve_replica_request(spec: ReplicaSpec, settings: PodSettings) -> Replica
         parse_structured("kernelspec tolerations", config.get("tolerations"))
     )
 
-    launch_timeout = pick("KERNEL_LAUNCH_TIMEOUT", "launch_timeout", settings.launch_timeout)
-    try:
-        timeout = float(launch_timeout)
-    except (TypeError, ValueError):
-        raise fail("KERNEL_LAUNCH_TIMEOUT", launch_timeout, "is not a number", "give seconds, e.g. 300") from None
-    if timeout <= 0:
-        raise fail("KERNEL_LAUNCH_TIMEOUT", launch_timeout, "must be positive", "give seconds, e.g. 300")
+    timeout = spec.launch_timeout if spec.launch_timeout is not None else settings.launch_timeout
 
     return ReplicaPodRequest(
         namespace=namespace,

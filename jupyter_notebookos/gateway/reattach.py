@@ -1,0 +1,116 @@
+"""Re-attaching a restarted gateway to the kernels the previous one left running.
+
+Replicas are detached processes (or pods) and kernel sessions live in etcd, so a new gateway rebuilds each
+kernel's router from its session record and the live registrations, tells the scheduler what runs where,
+and restores the kernel's etcd identity. Kernels with no live replica left are cleaned up instead.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jupyter_notebookos.coordination.errors import CoordinationError
+from jupyter_notebookos.coordination.quarantine import quarantine
+from jupyter_notebookos.gateway.platformstate import PlatformState
+from jupyter_notebookos.gateway.records import KernelRecord
+from jupyter_notebookos.gateway.sessions import parse_session
+from jupyter_notebookos.launchers.base import ReplicaHandle
+from jupyter_notebookos.replication.protocol import MalformedRecord, ReplicaRegistration
+from jupyter_notebookos.scheduler import KernelSpec, ReplicaSlot, RunningCellSpec
+
+
+class Reattachment(PlatformState):
+    """The platform's part that adopts a previous gateway's kernels at start."""
+
+    async def _reattach(self) -> list[dict[str, Any]]:
+        """Re-attach to the kernels a previous gateway left running (their replicas are detached processes).
+
+        Returns their session records, for EG's kernel manager to adopt. Kernels none of whose replicas is
+        registered any more are cleaned up instead.
+        """
+        assert self.coordinator is not None
+        keys = self.coordinator.keys
+        sessions = [
+            kv for kv in await self.coordinator.get_prefix(keys.kernels_prefix()) if keys.is_kernel_record(kv.key)
+        ]
+        adopted = []
+        for kv in sessions:
+            try:
+                session = parse_session(kv.value)
+                kernel_id = session["kernel_id"]
+                if keys.kernel(kernel_id) != kv.key:
+                    raise MalformedRecord(f"kernel session record names kernel {kernel_id!r}")
+            except (MalformedRecord, ValueError) as err:
+                await quarantine(self.coordinator, kv, str(err))
+                continue
+            registrations = []
+            for r in await self.coordinator.get_prefix(keys.replicas_prefix(kernel_id)):
+                try:
+                    registrations.append(ReplicaRegistration.from_json(r.value))
+                except MalformedRecord as err:
+                    self.log.error("kernel %s: ignoring %s: %s", kernel_id, r.key, err)
+            handles = {h.replica_id: h for h in await self.launcher.find_replicas(kernel_id)}
+            if not registrations:
+                self.log.warning("kernel %s: no live replica left; forgetting it", kernel_id)
+                for handle in handles.values():
+                    await self.launcher.stop_replica(handle, now=True)
+                await self.coordinator.delete_prefix(keys.kernel_prefix(kernel_id))
+                await self.coordinator.delete(keys.kernel(kernel_id))
+                continue
+            try:
+                await self._adopt(session, registrations, handles)
+            except (ValueError, OSError, CoordinationError) as err:
+                self.log.error("kernel %s: could not re-attach: %s", kernel_id, err)
+                continue
+            adopted.append(session)
+        return adopted
+
+    async def _adopt(
+        self, session: dict[str, Any], registrations: list[ReplicaRegistration], handles: dict[str, ReplicaHandle]
+    ) -> None:
+        assert self.coordinator is not None and self.ledger is not None
+        kernel_id, gpus = session["kernel_id"], int(session["gpus"])
+        running = []
+        for c in await self.coordinator.get_prefix(self.coordinator.keys.cells_prefix(kernel_id)):
+            try:
+                cell = json.loads(c.value)
+                running.append(
+                    RunningCellSpec(
+                        kernel_id, str(cell["msg_id"]), int(cell["executor"]), tuple(cell.get("gpus", ())), self.now()
+                    )
+                )
+            except (ValueError, TypeError, KeyError, AttributeError) as err:
+                self.log.error("kernel %s: ignoring a malformed cell record at %s: %r", kernel_id, c.key, err)
+        decision = self.scheduler.adopt(
+            [KernelSpec(kernel_id, gpus)],
+            [ReplicaSlot(kernel_id, int(r.replica_id), r.host) for r in registrations],
+            running,
+            now=self.now(),
+        )
+        self._log_decision(decision)
+        router = self._new_router(
+            kernel_id, session["ip"], session["ports"], session["key"].encode(), session["signature_scheme"], gpus
+        )
+        record = KernelRecord(kernel_id, session["kernel_name"], gpus, router, dict(session.get("env") or {}))
+        record.config = dict(session.get("config") or {})
+        timeout = session.get("launch_timeout")  # absent in records of older gateways: the defaults
+        record.launch_timeout = float(timeout) if isinstance(timeout, int | float) and timeout > 0 else None
+        assert self.access is not None
+        record.access = await self.access.restore(kernel_id, str(session.get("etcd_password") or ""))
+        record.started_at = float(session.get("started_at", record.started_at))
+        for registration in registrations:
+            rid = registration.replica_id
+            record.handles[rid] = handles.get(rid) or ReplicaHandle(
+                kernel_id, rid, registration.host, pid=registration.pid, pod=registration.pod
+            )
+            record.next_replica = max(record.next_replica, int(rid) + 1)
+            router.expect(rid)
+        self.kernels[kernel_id] = record
+        await router.bind()
+        await router.start(fresh=False)
+        self.log.info(
+            "kernel %s: re-attached to replicas %s",
+            kernel_id,
+            ", ".join(f"{r.replica_id}@{r.host}" for r in registrations),
+        )

@@ -1,0 +1,360 @@
+"""The replica router's ZMQ relay: the client-facing sockets, the sockets to each replica, and what goes where.
+
+- Shell requests other than ``execute_request`` go to the current executor (or the most up-to-date replica);
+  ``shutdown_request`` goes to all replicas; stdin replies go to the replica that asked.
+- iopub: a replica's messages reach clients only when their parent request was routed to that replica,
+  so every output arrives exactly once.
+- Heartbeats are answered while a quorum of replicas is registered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Awaitable, Callable
+
+import zmq
+import zmq.asyncio
+
+from jupyter_notebookos.gateway.cells import PendingCell
+from jupyter_notebookos.gateway.routerstate import RouterState, log
+from jupyter_notebookos.gateway.wire import MalformedMessage, WireMessage
+from jupyter_notebookos.replication.protocol import METADATA_KEY, ReplicaRegistration
+
+# What a client may send on a kernel's control channel: interrupts, shutdown, the debugger, and kernel_info
+# (read-only; jupyter_server's websocket handler sends it there to see that the kernel answers).
+CONTROL_REQUESTS = frozenset({"interrupt_request", "shutdown_request", "debug_request", "kernel_info_request"})
+
+#: How many request ids the router remembers for routing iopub (oldest forgotten first).
+ROUTE_MEMORY = 4096
+
+
+class ReplicaLink:
+    """The router's sockets to one registered replica."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, registration: ReplicaRegistration, identity: bytes) -> None:
+        self.registration = registration
+        self.replica_id = registration.replica_id
+        self.host = registration.host
+        base = f"{registration.transport}://{registration.ip}:"
+        self.shell = ctx.socket(zmq.DEALER)
+        self.stdin = ctx.socket(zmq.DEALER)
+        self.control = ctx.socket(zmq.DEALER)
+        # The replica answers stdin requests to the identities of the shell request, so the router's
+        # shell and stdin sockets to a replica carry the same identity.
+        for sock in (self.shell, self.stdin, self.control):
+            sock.setsockopt(zmq.IDENTITY, identity)
+            sock.setsockopt(zmq.LINGER, 0)
+        self.iopub = ctx.socket(zmq.SUB)
+        self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.iopub.setsockopt(zmq.LINGER, 0)
+        self.shell.connect(base + str(registration.shell_port))
+        self.stdin.connect(base + str(registration.stdin_port))
+        self.control.connect(base + str(registration.control_port))
+        self.iopub.connect(base + str(registration.iopub_port))
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for sock in (self.shell, self.stdin, self.control, self.iopub):
+            sock.close(0)
+
+
+class RouterRelay(RouterState):
+    """The router's part that moves Jupyter messages between clients and replicas."""
+
+    async def bind(self) -> None:
+        """Bind the client-facing sockets at the kernel's connection info."""
+        kinds = {
+            "shell": zmq.ROUTER,
+            "control": zmq.ROUTER,
+            "stdin": zmq.ROUTER,
+            "iopub": zmq.PUB,
+            "hb": zmq.REP,
+        }
+        for name, kind in kinds.items():
+            sock = self.ctx.socket(kind)
+            sock.setsockopt(zmq.LINGER, 0)
+            if name != "hb":
+                sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
+            if kind == zmq.ROUTER:
+                sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            sock.bind(f"tcp://{self.ip}:{self.ports[name]}")
+            self._sockets[name] = sock
+
+    def _replica_registered(self, registration: ReplicaRegistration) -> None:
+        rid = registration.replica_id
+        old = self.links.pop(rid, None)
+        if old is not None:
+            old.close()
+        link = ReplicaLink(self.ctx, registration, self.identity)
+        self.links[rid] = link
+        self.registrations[rid] = registration
+        self.expected.add(rid)
+        self.state_seq[rid] = max(self.state_seq.get(rid, -1), registration.applied_seq)
+        link.tasks.append(self._spawn(self._replica_loop(link, link.shell, self._on_replica_shell)))
+        link.tasks.append(self._spawn(self._replica_loop(link, link.control, self._on_replica_control)))
+        link.tasks.append(self._spawn(self._replica_loop(link, link.stdin, self._on_replica_stdin)))
+        link.tasks.append(self._spawn(self._replica_loop(link, link.iopub, self._on_replica_iopub)))
+        log.info(
+            "kernel %s: replica %s ready on %s (state seq %d)",
+            self.kernel_id,
+            rid,
+            registration.host,
+            registration.applied_seq,
+        )
+
+    def _error_reply(self, cell: PendingCell, ename: str, evalue: str) -> None:
+        """Answer ``cell`` with an error (reply on shell, error and idle on iopub)."""
+        grant = cell.grant
+        metadata = {
+            "status": "error",
+            METADATA_KEY: {
+                "replica": grant.replica_id if grant else None,
+                "host": grant.host if grant else None,
+                "gpus": list(grant.devices) if grant else [],
+                "queued_ms": self._queued_ms(cell),
+                "attempt": cell.attempt,
+            },
+        }
+        content = {
+            "status": "error",
+            "ename": ename,
+            "evalue": evalue,
+            "traceback": [f"{ename}: {evalue}"],
+            "execution_count": None,
+        }
+        iopub = self._sockets.get("iopub")
+        shell = self._sockets.get("shell")
+        if iopub is not None:
+            error = self.signer.make(
+                "error",
+                {k: content[k] for k in ("ename", "evalue", "traceback")},
+                cell.request,
+                idents=[b"kernel.error"],
+            )
+            idle = self.signer.make("status", {"execution_state": "idle"}, cell.request, idents=[b"kernel.status"])
+            self._spawn(self._send_all(iopub, [error.frames(), idle.frames()]))
+        if shell is not None:
+            reply = self.signer.make("execute_reply", content, cell.request, metadata=metadata)
+            self._spawn(self._send_all(shell, [reply.frames()]))
+        if not cell.done.done():
+            cell.done.set_result(None)
+
+    async def answer_running_cell(self, why: str) -> None:
+        """Answer the running cell with an error if its executor has not (the kernel is stopped under it, e.g.
+        by a restart), and wait until the answer is sent: every execute_request gets its reply."""
+        cell = self.running
+        if cell is None or cell.done.done():
+            return
+        before = set(self._tasks)
+        self._error_reply(cell, "KernelStopped", why)
+        sends = [t for t in self._tasks if t not in before]
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*sends), 2)
+
+    @staticmethod
+    async def _send_all(sock: zmq.asyncio.Socket, messages: list[list[bytes]]) -> None:
+        for frames in messages:
+            await sock.send_multipart(frames)
+
+    def _queued_ms(self, cell: PendingCell) -> float:
+        end = cell.started or time.monotonic()
+        return round((end - cell.arrived) * 1000.0, 3)
+
+    # -- client side --------------------------------------------------------------------------------
+
+    async def _client_loop(self, name: str, handler: Callable[[WireMessage], Awaitable[None]]) -> None:
+        sock = self._sockets[name]
+        while True:
+            frames = await sock.recv_multipart(copy=True)
+            try:
+                msg = WireMessage.parse(frames)
+                _ = msg.header  # parse now, so a bad header is refused here
+            except MalformedMessage as err:
+                log.warning("kernel %s: dropped a malformed %s message: %s", self.kernel_id, name, err)
+                continue
+            try:
+                await handler(msg)
+            except MalformedMessage as err:
+                log.warning("kernel %s: dropped a %s message: %s", self.kernel_id, name, err)
+            except zmq.ZMQError as err:
+                log.warning("kernel %s: could not forward a %s message: %s", self.kernel_id, name, err)
+
+    async def _on_client_shell(self, msg: WireMessage) -> None:
+        if msg.msg_type == "execute_request":
+            self.signer.verify(msg)  # we re-sign it, so we must vouch for it
+            msg.content()  # and it must be readable
+            asked = msg.metadata().get(METADATA_KEY)
+            prefer = str(asked["replica"]) if isinstance(asked, dict) and asked.get("replica") is not None else None
+            await self._queue.put(PendingCell(msg, time.monotonic(), prefer=prefer))
+            return
+        target = self._target_replica()
+        if target is None:
+            log.warning("kernel %s: no replica to take %s", self.kernel_id, msg.msg_type)
+            return
+        self._remember_route(msg.msg_id, target)
+        await self.links[target].shell.send_multipart(msg.frames())
+
+    async def _on_client_control(self, msg: WireMessage) -> None:
+        if msg.msg_type not in CONTROL_REQUESTS:
+            # Cells reach a replica only through the queue, the scheduler and a committed decision: one sent on
+            # the control channel would run on some replica with no GPUs, no record and no state delta.
+            log.warning(
+                "kernel %s: dropped %s that arrived on the control channel (there it takes only %s)",
+                self.kernel_id,
+                msg.msg_type,
+                ", ".join(sorted(CONTROL_REQUESTS)),
+            )
+            return
+        if msg.msg_type == "shutdown_request":
+            self.shutting_down = True
+            for rid, link in list(self.links.items()):
+                self._remember_route(msg.msg_id, rid)
+                await link.control.send_multipart(msg.frames())
+            if not self.links:
+                self.exit_code = 0
+            return
+        waiting = self.waiting
+        if msg.msg_type == "interrupt_request" and self.running is None and waiting is not None:
+            # The cell has not reached a replica yet: interrupting it means taking it out of the queue.
+            waiting.interrupted = True
+            if waiting.waiter is not None:
+                waiting.waiter.cancel()
+            reply = self.signer.make("interrupt_reply", {"status": "ok"}, msg)
+            await self._sockets["control"].send_multipart(reply.frames())
+            return
+        target = self._target_replica(prefer_running=True)
+        if target is None:
+            return
+        self._remember_route(msg.msg_id, target)
+        await self.links[target].control.send_multipart(msg.frames())
+
+    async def _on_client_stdin(self, msg: WireMessage) -> None:
+        target = self._stdin_owner or self._target_replica(prefer_running=True)
+        if target is not None and target in self.links:
+            await self.links[target].stdin.send_multipart(msg.frames())
+
+    async def _heartbeat_loop(self) -> None:
+        sock = self._sockets["hb"]
+        while True:
+            frames = await sock.recv_multipart()
+            while not self.quorum and not self.shutting_down:
+                # No answer while a majority of replicas is missing: the client sees the kernel as dead.
+                self.changed.clear()
+                await self.changed.wait()
+            await sock.send_multipart(frames)
+
+    def _target_replica(self, *, prefer_running: bool = False) -> str | None:
+        """Where a non-execute request goes: the running cell's replica, the executor, or the freshest."""
+        if prefer_running and self.running is not None and self.running.grant is not None:
+            rid = self.running.grant.replica_id
+            if rid in self.links:
+                return rid
+        if self.executor in self.links:
+            return self.executor
+        if not self.links:
+            return None
+        return max(self.links, key=lambda r: (self.state_seq.get(r, -1), r))
+
+    def _remember_route(self, msg_id: str, replica_id: str) -> None:
+        self._routes[msg_id] = replica_id
+        self._routes.move_to_end(msg_id)
+        while len(self._routes) > ROUTE_MEMORY:
+            self._routes.popitem(last=False)
+
+    # -- replica side -------------------------------------------------------------------------------
+
+    async def _replica_loop(
+        self,
+        link: ReplicaLink,
+        sock: zmq.asyncio.Socket,
+        handler: Callable[[ReplicaLink, WireMessage, list[bytes]], Awaitable[None]],
+    ) -> None:
+        while True:
+            frames = await sock.recv_multipart(copy=True)
+            try:
+                msg = WireMessage.parse(frames)
+                await handler(link, msg, frames)
+            except MalformedMessage as err:
+                log.warning("kernel %s: replica %s sent a malformed message: %s", self.kernel_id, link.replica_id, err)
+            except zmq.ZMQError as err:
+                log.warning("kernel %s: could not relay from replica %s: %s", self.kernel_id, link.replica_id, err)
+
+    async def _on_replica_shell(self, link: ReplicaLink, msg: WireMessage, frames: list[bytes]) -> None:
+        cell = self.running
+        if (
+            msg.msg_type == "execute_reply"
+            and cell is not None
+            and msg.parent_msg_id == cell.request.msg_id
+            and cell.grant is not None
+            and cell.grant.replica_id == link.replica_id
+        ):
+            metadata = msg.metadata()
+            ours = dict(metadata.get(METADATA_KEY) or {})
+            ours.setdefault("replica", link.replica_id)
+            ours.setdefault("host", link.host)
+            ours.setdefault("gpus", list(cell.grant.devices))
+            ours.update(queued_ms=self._queued_ms(cell), attempt=cell.attempt)
+            metadata[METADATA_KEY] = ours
+            if isinstance(ours.get("changed"), list):
+                self._remember_changed(cell.seq, [str(n) for n in ours["changed"]])
+            resident = ours.get("resident")
+            if isinstance(resident, list):
+                self.planner.note_resident(self.kernel_id, link.replica_id, link.host, [int(d) for d in resident])
+            msg = self.signer.with_metadata(msg, metadata)
+            await self._sockets["shell"].send_multipart(msg.frames())
+            # The executor has the state of this cell in memory already.
+            self.state_seq[link.replica_id] = max(self.state_seq.get(link.replica_id, -1), cell.seq)
+            self.cells_run += 1
+            if not cell.done.done():
+                cell.done.set_result(None)
+            return
+        if self._routes.get(msg.parent_msg_id) == link.replica_id:
+            await self._sockets["shell"].send_multipart(frames)
+
+    async def _on_replica_control(self, link: ReplicaLink, msg: WireMessage, frames: list[bytes]) -> None:
+        if not msg.idents:
+            # A reply to the router's own request: an eviction's answer, or an interrupt's (from a signal).
+            answer = self._evictions.get(msg.parent_msg_id)
+            if answer is not None and not answer.done():
+                answer.set_result(msg.content())
+            return
+        if msg.msg_type == "shutdown_reply":
+            # Every replica answers; clients get one reply.
+            if self._routes.pop(msg.parent_msg_id, None) is None:
+                return
+        elif self._routes.get(msg.parent_msg_id) != link.replica_id:
+            return
+        await self._sockets["control"].send_multipart(frames)
+
+    async def _on_replica_stdin(self, link: ReplicaLink, msg: WireMessage, frames: list[bytes]) -> None:
+        self._stdin_owner = link.replica_id
+        await self._sockets["stdin"].send_multipart(frames)
+
+    async def _on_replica_iopub(self, link: ReplicaLink, msg: WireMessage, frames: list[bytes]) -> None:
+        parent = msg.parent_msg_id
+        if parent:
+            if self._routes.get(parent) != link.replica_id:
+                return
+            cell = self.running
+            if cell is not None and parent == cell.request.msg_id:
+                cell.began_executing = True
+        elif link.replica_id != self._target_replica():
+            return  # unparented output (e.g. a background thread): from the executor only
+        await self._sockets["iopub"].send_multipart(frames)
+
+    def _synthetic_parent(self, msg_type: str) -> WireMessage:
+        header = json.dumps(
+            {
+                "msg_id": f"router-{time.monotonic_ns()}",
+                "msg_type": msg_type,
+                "session": self.signer.session.session,
+                "username": "notebookos",
+                "version": "5.3",
+            }
+        ).encode()
+        return WireMessage([], b"", header, b"{}", b"{}", b"{}")

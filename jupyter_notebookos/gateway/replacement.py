@@ -1,0 +1,125 @@
+"""Replacing a kernel's lost replicas.
+
+A replica whose registration vanishes is lost (after a grace period for a live process whose etcd lease
+ended, see :mod:`jupyter_notebookos.gateway.rejoin`): the scheduler hears of it and places a replacement on
+another host, which this part starts. A monitor notices dead replica processes quickly and revokes their
+lease instead of waiting for it to expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+from jupyter_notebookos.coordination.errors import CoordinationError
+from jupyter_notebookos.gateway.platformstate import PlatformState
+from jupyter_notebookos.gateway.rejoin import await_rejoin
+from jupyter_notebookos.gateway.router import ReplicaRouter
+from jupyter_notebookos.launchers.base import LaunchError, ReplicaHandle, ReplicaPhase
+from jupyter_notebookos.replication.protocol import ReplicaRegistration
+from jupyter_notebookos.scheduler import Placement, ReplicaLost
+
+if TYPE_CHECKING:
+    from jupyter_notebookos.gateway.records import KernelRecord
+
+
+class ReplicaReplacement(PlatformState):
+    """The platform's part that replaces lost replicas."""
+
+    def _on_replica_lost(self, router: ReplicaRouter, registration: ReplicaRegistration, why: str) -> None:
+        """A replica's registration is gone. A live process whose lease etcd ended (an etcd outage) gets
+        ``rejoin_grace`` seconds to register again (see :mod:`jupyter_notebookos.gateway.rejoin`); else the
+        scheduler hears of it now."""
+        record = self.kernels.get(router.kernel_id)
+        handle = record.handles.get(registration.replica_id) if record is not None else None
+        if handle is None or self.rejoin_grace <= 0 or router.shutting_down:
+            self._replica_lost(router, registration, why)
+            return
+
+        async def lost_unless_rejoined() -> None:
+            assert handle is not None
+            if await await_rejoin(router, self.launcher, handle, self.rejoin_grace):
+                self.log.info("kernel %s: replica %s registered again", router.kernel_id, registration.replica_id)
+            elif router.kernel_id in self.kernels and registration.replica_id not in router.registrations:
+                self._replica_lost(router, registration, why)
+
+        task = asyncio.ensure_future(lost_unless_rejoined())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _replica_lost(self, router: ReplicaRouter, registration: ReplicaRegistration, why: str) -> None:
+        """A replica is gone: tell the scheduler now, and start the replacement it places."""
+        self.residency.forget(router.kernel_id, registration.replica_id)  # its device memory went with it
+        record = self.kernels.get(router.kernel_id)
+        if record is None:
+            return
+        handle = record.handles.pop(registration.replica_id, None)
+        scheduler_id = record.scheduler_id(registration.replica_id)
+        if scheduler_id is None:
+            return
+        decision = self.scheduler.replica_lost(router.kernel_id, scheduler_id, now=self.now())
+        record.router_ids.pop(scheduler_id, None)
+        self._log_decision(decision)
+        self.dispatch()
+        placed = decision.replacement if isinstance(decision, ReplicaLost) else None
+        if not isinstance(placed, Placement):
+            # No host could take it now (the decision says why); try again whenever capacity changes.
+            retry = self.scheduler.place_missing_replicas(router.kernel_id, now=self.now())
+            self._log_decision(retry)
+            placed = retry if isinstance(retry, Placement) else None
+        task = asyncio.ensure_future(self._replace(record, handle, placed))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _replace(self, record: KernelRecord, dead: ReplicaHandle | None, placed: Placement | None) -> None:
+        if dead is not None:
+            with contextlib.suppress(Exception):
+                await self.launcher.stop_replica(dead, now=True)
+        if placed is None or record.kernel_id not in self.kernels:
+            return
+        for slot in placed.replicas:
+            try:
+                await self._start_replica(record, slot.replica_id, slot.host)
+            except LaunchError as err:
+                self.log.error(
+                    "kernel %s: could not start replacement replica %s on %s: %s",
+                    record.kernel_id,
+                    slot.replica_id,
+                    slot.host,
+                    err,
+                )
+
+    async def _monitor_replicas(self) -> None:
+        """Notice dead replica processes quickly: revoke their lease instead of waiting for it to expire."""
+        while True:
+            await asyncio.sleep(0.5)
+            try:
+                await self._check_replicas()
+            except Exception:  # the monitor must outlive any one failure
+                self.log.exception("checking replica processes failed")
+
+    async def _check_replicas(self) -> None:
+        for record in list(self.kernels.values()):
+            for rid, handle in list(record.handles.items()):
+                status = await self.launcher.status(handle)
+                if status.phase not in (ReplicaPhase.EXITED, ReplicaPhase.FAILED):
+                    continue
+                registration = record.router.registrations.get(rid)
+                if registration is not None and self.coordinator is not None:
+                    with contextlib.suppress(CoordinationError):
+                        await self.coordinator.revoke(registration.lease)
+                elif registration is None and rid in record.router.expected:
+                    record.router.launch_failed(rid, status.reason or status.phase.value)
+                elif registration is None:
+                    record.handles.pop(rid, None)
+
+    def _place_missing(self) -> None:
+        """Kernels short of replicas (no host could take a replacement before) get them now."""
+        for record in list(self.kernels.values()):
+            placed = self.scheduler.place_missing_replicas(record.kernel_id, now=self.now())
+            if isinstance(placed, Placement):
+                self._log_decision(placed)
+                task = asyncio.ensure_future(self._replace(record, None, placed))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)

@@ -1,0 +1,115 @@
+"""The replica router's view of its kernel's replicas in etcd: registrations, applied sequences, quorum.
+
+The router watches the kernel's ``replicas/`` and ``applied/`` keys; a registration that vanishes (lease
+expired or revoked, process gone) is a replica gone. The platform asks this view to wait for replicas to
+register or to catch up with the state log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from typing import Any
+
+from jupyter_notebookos.coordination.errors import CoordinationError
+from jupyter_notebookos.coordination.kv import EventType, WatchEvent
+from jupyter_notebookos.gateway.cells import MALFORMED
+from jupyter_notebookos.gateway.routerstate import RouterState, log
+from jupyter_notebookos.replication.protocol import ReplicaRegistration
+
+
+class ReplicaSetView(RouterState):
+    """The router's part that follows the kernel's replicas through etcd."""
+
+    def expect(self, replica_id: str) -> None:
+        """A replica was started for this kernel: count it until it registers or is declared gone."""
+        self.expected.add(replica_id)
+
+    def retire(self, replica_id: str) -> None:
+        """This replica is being stopped on purpose (its replacement holds the state): its end is no loss."""
+        self.retiring.add(replica_id)
+        self.expected.discard(replica_id)
+        if self.executor == replica_id:
+            self.executor, self.fence = None, 0  # the next cell opens a new executor term
+        self.changed.set()
+
+    def launch_failed(self, replica_id: str, reason: str) -> None:
+        """A started replica's process ended before it registered."""
+        self.failed[replica_id] = reason
+        self.expected.discard(replica_id)
+        self.changed.set()
+
+    async def wait_caught_up(self, replica_id: str, timeout: float) -> bool:
+        """Wait until ``replica_id`` holds the state of every cell so far (False on timeout or if it died)."""
+        deadline = time.monotonic() + timeout
+        while self.state_seq.get(replica_id, -1) < self.log_head:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or replica_id not in self.registrations:
+                return False
+            self.changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), min(remaining, 1.0))
+        return replica_id in self.registrations
+
+    async def wait_registered(self, replica_ids: set[str], timeout: float) -> set[str]:
+        """Wait until these replicas registered; return those that did not within ``timeout`` (or died)."""
+        deadline = time.monotonic() + timeout
+        while not replica_ids <= set(self.registrations) | set(self.failed):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self.changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), remaining)
+        return replica_ids - set(self.registrations)
+
+    @property
+    def quorum(self) -> bool:
+        """Whether a majority of the kernel's replicas is registered."""
+        size = max(len(self.expected), 1)
+        return len(self.registrations) * 2 > size
+
+    async def _watch_loop(self, watch: Any) -> None:
+        try:
+            async for event in watch:
+                self._apply_checked(event)
+        except asyncio.CancelledError:
+            raise
+        except CoordinationError as err:
+            log.error("kernel %s: watch on etcd ended: %s", self.kernel_id, err)
+
+    def _apply_checked(self, event: WatchEvent) -> bool:
+        """Apply ``event``; a malformed value is logged and skipped (it must not end the watch). Returns
+        whether it applied."""
+        try:
+            self._apply_event(event)
+        except MALFORMED as err:
+            log.error("kernel %s: ignoring a malformed value at %s in etcd: %r", self.kernel_id, event.key, err)
+            return False
+        return True
+
+    def _apply_event(self, event: WatchEvent) -> None:
+        rel = event.key[len(self.keys.kernel_prefix(self.kernel_id)) :]
+        section, _, name = rel.partition("/")
+        if section == "replicas" and name:
+            if event.type is EventType.PUT:
+                self._replica_registered(ReplicaRegistration.from_json(event.value))
+            else:
+                self._replica_gone(name, "its etcd lease ended (process exited or unreachable)")
+        elif section == "applied" and name and event.type is EventType.PUT:
+            seq = int(event.value)
+            if seq > self.state_seq.get(name, -1):
+                self.state_seq[name] = seq
+        elif section == "log" and name and event.type is EventType.PUT:
+            seq = self.keys.seq_of(event.key)
+            self.log_head = max(self.log_head, seq)
+            self.published_seq = max(self.published_seq, seq)
+        elif section == "checkpoint" and event.type is EventType.PUT:
+            seq = int(json.loads(event.value).get("seq", 0))
+            self.log_head = max(self.log_head, seq)
+            self.published_seq = max(self.published_seq, seq)
+        elif section == "executor" and event.type is EventType.DELETE and self.executor is not None:
+            self.executor, self.fence = None, 0
+        self.changed.set()

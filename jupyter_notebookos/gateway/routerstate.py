@@ -1,0 +1,108 @@
+"""What the parts of a replica router share: its state, and how it runs its background tasks.
+
+A :class:`~jupyter_notebookos.gateway.router.ReplicaRouter` is assembled from parts, one job each: the ZMQ
+relay (:mod:`~jupyter_notebookos.gateway.relay`), the etcd view of the replica set
+(:mod:`~jupyter_notebookos.gateway.replicaset`), the commit and fencing protocol
+(:mod:`~jupyter_notebookos.gateway.commit`) and the cell lifecycle (:mod:`~jupyter_notebookos.gateway.router`).
+:class:`RouterState` declares what they all read and write; ``ReplicaRouter.__init__`` sets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import zmq
+import zmq.asyncio
+
+from jupyter_notebookos.coordination.client import Coordinator
+from jupyter_notebookos.coordination.keys import KeyLayout
+from jupyter_notebookos.gateway.cells import CellPlanner, PendingCell, RouterSettings
+from jupyter_notebookos.gateway.ledger import LedgerReleases
+from jupyter_notebookos.gateway.wire import Signer
+from jupyter_notebookos.replication.protocol import ReplicaRegistration
+
+if TYPE_CHECKING:
+    from jupyter_notebookos.gateway.relay import ReplicaLink
+    from jupyter_notebookos.gateway.router import ReplicaRouter
+
+log = logging.getLogger("jupyter_notebookos.gateway.router")
+
+
+class RouterState:
+    """The state of one kernel's router, shared by its parts (see the module docstring)."""
+
+    kernel_id: str
+    ip: str
+    ports: dict[str, int]
+    gpus: int
+    coordinator: Coordinator
+    keys: KeyLayout
+    planner: CellPlanner
+    ledger: LedgerReleases
+    settings: RouterSettings
+    signer: Signer
+    on_replica_lost: Callable[[ReplicaRouter, ReplicaRegistration, str], None] | None
+    ctx: zmq.asyncio.Context
+    identity: bytes
+
+    links: dict[str, ReplicaLink]
+    registrations: dict[str, ReplicaRegistration]
+    expected: set[str]
+    retiring: set[str]
+    failed: dict[str, str]
+    state_seq: dict[str, int]
+    log_head: int
+    published_seq: int
+    executor: str | None
+    fence: int
+    _executor_key_absent: bool
+    running: PendingCell | None
+    waiting: PendingCell | None
+    cells_run: int
+    gpu_seconds: float
+    started_at: float
+    changed: asyncio.Event
+    stopped: asyncio.Event
+    shutting_down: bool
+    exit_code: int | None
+
+    _queue: asyncio.Queue[PendingCell]
+    adopted_cells: list[PendingCell]
+    _changed: dict[int, list[str]]
+    _routes: OrderedDict[str, str]
+    _evictions: dict[str, asyncio.Future[dict[str, Any]]]  # evict request msg_id -> the replica's answer
+    _stdin_owner: str | None
+    _tasks: list[asyncio.Task[None]]
+    _sockets: dict[str, zmq.asyncio.Socket]
+    _watches: list[Any]
+
+    if TYPE_CHECKING:
+        # Each part calls a few methods of the others; ReplicaRouter has them all.
+
+        @property
+        def quorum(self) -> bool: ...
+
+        def _remember_changed(self, seq: int, names: list[str]) -> None: ...
+
+        def _replica_registered(self, registration: ReplicaRegistration) -> None: ...
+
+        def _replica_gone(self, rid: str, why: str) -> None: ...
+
+        def _error_reply(self, cell: PendingCell, ename: str, evalue: str) -> None: ...
+
+    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.append(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._tasks.remove(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("kernel %s: router task failed: %r", self.kernel_id, task.exception())
