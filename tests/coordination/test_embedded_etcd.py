@@ -22,11 +22,12 @@ from jupyter_notebookos.embedded.etcd import (
 pytestmark = pytest.mark.timeout(60)
 
 
-def _etcd_children() -> list[psutil.Process]:
+def _etcd_children(data_dir: Path) -> list[psutil.Process]:
+    """This process's etcd descendants with data under ``data_dir`` (platforms other tests share run their own)."""
     found = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if "etcd" in child.name():
+            if "etcd" in child.name() and str(data_dir) in " ".join(child.cmdline()):
                 found.append(child)
         except psutil.NoSuchProcess:
             continue
@@ -65,7 +66,7 @@ def test_start_is_healthy_and_stop_leaves_nothing_behind(tmp_path: Path, members
         assert all(m.healthy() for m in cluster.members)
         assert started_in < 15
         pids = [m.pid for m in cluster.members]
-        assert {p.pid for p in _etcd_children()} == set(pids)
+        assert {p.pid for p in _etcd_children(tmp_path)} == set(pids)
         for pid in pids:  # detached: own session, so the owner's Ctrl-C does not reach them
             assert pid is not None and os.getsid(pid) == pid
         assert all((tmp_path / "etcd" / f"m{i}.log").stat().st_size > 0 for i in range(members))
@@ -73,7 +74,7 @@ def test_start_is_healthy_and_stop_leaves_nothing_behind(tmp_path: Path, members
         began = time.monotonic()
         cluster.stop()
     assert time.monotonic() - began < 5
-    assert _etcd_children() == []
+    assert _etcd_children(tmp_path) == []
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids if p)
 
 
@@ -83,7 +84,7 @@ def test_second_cluster_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
         pytest.raises(EtcdDataDirLocked, match="in use by another running NotebookOS etcd"),
     ):
         EtcdCluster(tmp_path / "etcd", 1).start()
-    assert _etcd_children() == []
+    assert _etcd_children(tmp_path) == []
     # Once the first one stopped, the directory (and its data) can be used again.
     with EtcdCluster(tmp_path / "etcd", 1) as again:
         assert again.members[0].healthy()
@@ -97,7 +98,7 @@ def test_member_can_be_killed_and_restarted_on_the_same_ports(tmp_path: Path) ->
         cluster.wait_healthy(10)  # the other two keep a quorum
         cluster.start_member(1)
         assert cluster.endpoints == endpoints and cluster.members[1].healthy()
-    assert _etcd_children() == []
+    assert _etcd_children(tmp_path) == []
 
 
 def test_the_embedded_etcd_compacts_its_history_and_has_a_quota(tmp_path: Path) -> None:
