@@ -24,6 +24,7 @@ from jupyter_notebookos.coordination.errors import (
     CoordinationError,
     EtcdFull,
     EtcdUnavailable,
+    LeaderChanged,
     LeaseLost,
     PermissionDenied,
     QuorumLost,
@@ -238,6 +239,18 @@ class EtcdRpc:
         :mod:`jupyter_notebookos.coordination.auth`."""
         return await self.unary(getattr(self.auth, method), request, operation, timeout, idempotent=True)
 
+    async def _has_leader(self) -> bool:
+        """Whether a member says the cluster has a leader now: asks each member in turn (the channel balances
+        round-robin; a stopped member may be among them), 0.3 s each; no answer reads as no."""
+        for _ in self.endpoints:
+            try:
+                reply = await self.maintenance.Status(_proto.StatusRequest(), timeout=0.3, metadata=self.metadata)
+            except grpc.aio.AioRpcError:
+                continue
+            if reply.leader:
+                return True
+        return False
+
     async def unary(
         self,
         method: Callable[..., Awaitable[_T]],
@@ -268,6 +281,8 @@ class EtcdRpc:
                 error = self.error(exc, operation)
                 remaining = deadline - loop.time()
                 if not _retryable(exc, idempotent=idempotent) or remaining <= backoff:
+                    if type(error) is QuorumLost and await self._has_leader():
+                        error = LeaderChanged(self.endpoints, error.detail)
                     ambiguous = not idempotent and not _retryable(exc, idempotent=False)
                     if ambiguous and isinstance(error, QuorumLost | EtcdUnavailable):
                         error.args = (

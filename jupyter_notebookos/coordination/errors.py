@@ -41,6 +41,19 @@ class QuorumLost(CoordinationError):
         )
 
 
+class LeaderChanged(QuorumLost):
+    """A call timed out waiting for a leader, but etcd has one again: an election outlasted the call (a majority
+    of members was up all along). Callers that handle :class:`QuorumLost` handle this too."""
+
+    def __init__(self, endpoints: Sequence[str], detail: str = "") -> None:
+        super().__init__(endpoints, detail)
+        suffix = f" ({detail})" if detail else ""
+        self.args = (
+            f"etcd at {', '.join(self.endpoints)} changed its leader while this call waited{suffix}; a majority of "
+            "its members is up and it answers again.",
+        )
+
+
 class EtcdFull(CoordinationError):
     """etcd refuses writes: its database reached the backend quota (etcd's NOSPACE alarm is raised)."""
 

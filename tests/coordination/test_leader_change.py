@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import time
 
 import pytest
 
 from jupyter_notebookos.coordination import Compare, Coordinator, Op, QuorumLost
+from jupyter_notebookos.coordination.errors import LeaderChanged
 from jupyter_notebookos.coordination.ridethrough import txn_once
 from jupyter_notebookos.embedded.etcd import EtcdCluster
 
@@ -91,3 +93,34 @@ async def test_the_outcome_key_must_be_written_by_the_transaction(coordinator: C
     key = coordinator.keys.cell("k", "m")
     with pytest.raises(ValueError, match="outcome"):
         await txn_once(coordinator, [], [Op.put(key, "a")], outcome_key=key, outcome_value="b")
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("fresh_etcd", [3], indirect=True, ids=["3-members"])
+async def test_a_call_that_outlasts_an_election_says_so_instead_of_lost_quorum(
+    fresh_etcd: EtcdCluster, prefix: str
+) -> None:
+    """A plain transaction sent to a leader that stops answering times out; by then the other two elected a new
+    leader, so the error says the leader changed (still a QuorumLost to callers), not that a majority is gone."""
+    coordinator = await Coordinator.connect(fresh_etcd.endpoints, prefix=prefix, timeout=3.0)
+    await coordinator.put(coordinator.keys.cell("k", "warm"), "x")
+    leader = await asyncio.to_thread(_leader_index, fresh_etcd)
+    assert leader is not None
+    stopped = fresh_etcd.members[leader].process
+    assert stopped is not None
+    stopped.send_signal(signal.SIGSTOP)  # it hangs, as a partitioned or overloaded machine would
+    try:
+        # Round-robin over three members: some of these land on the stopped leader and wait out their deadline.
+        results = await asyncio.gather(
+            *(coordinator.txn([], [Op.put(coordinator.keys.cell("k", f"m{i}"), "x")]) for i in range(6)),
+            return_exceptions=True,
+        )
+    finally:
+        stopped.send_signal(signal.SIGCONT)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    assert failures, "no transaction reached the stopped leader"
+    for failure in failures:
+        assert isinstance(failure, LeaderChanged), repr(failure)
+        assert isinstance(failure, QuorumLost) and "changed its leader" in str(failure)
+        assert "lost quorum" not in str(failure) and "outcome of this txn is unknown" in str(failure)
+    await coordinator.close()
