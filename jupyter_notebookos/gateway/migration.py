@@ -97,16 +97,24 @@ class MigrationRunner:
         }
         platform.log.info("scheduler: %s", plan)
         replica_id = record.router_id(plan.replica_id) if record is not None else str(plan.replica_id)
-        platform.events.record(
-            "migration",
+
+        def event(what: str, text: str, **extra: object) -> None:
+            platform.events.record(
+                "migration",
+                what,
+                text,
+                kernel_id=plan.kernel_id,
+                replica_id=replica_id,
+                migration_id=plan.migration_id,
+                source=plan.source,
+                target=plan.target,
+                reason=plan.trigger,
+                **extra,
+            )
+
+        event(
             "started",
             f"replica {replica_id} of kernel {plan.kernel_id}: {plan.source} -> {plan.target} ({plan.trigger})",
-            kernel_id=plan.kernel_id,
-            replica_id=replica_id,
-            migration_id=plan.migration_id,
-            source=plan.source,
-            target=plan.target,
-            reason=plan.trigger,
         )
         try:
             if record is None:
@@ -135,18 +143,7 @@ class MigrationRunner:
         platform.metrics.migrations.labels(plan.trigger, outcome).inc()
         platform.metrics.migration_seconds.observe(seconds)
         platform.log.info("scheduler: %s (%.2f s)", decision, seconds)
-        platform.events.record(
-            "migration",
-            outcome,
-            f"{decision} ({seconds:.2f} s)",
-            kernel_id=plan.kernel_id,
-            replica_id=replica_id,
-            migration_id=plan.migration_id,
-            source=plan.source,
-            target=plan.target,
-            reason=plan.trigger,
-            seconds=round(seconds, 3),
-        )
+        event(outcome, f"{decision} ({seconds:.2f} s)", seconds=round(seconds, 3))
         platform.dispatch()
         return decision
 

@@ -243,7 +243,8 @@ def start_browser(workdir: Path) -> Browser:
 
 
 # JavaScript run in the page. Lab commands do the clicking; the output is read from the DOM.
-_WAIT_FOR_LAB = """
+# WAIT_FOR_LAB: until Lab (or Notebook 7) has restored its layout and can make notebooks.
+WAIT_FOR_LAB = """
 const done = arguments[arguments.length - 1];
 const started = Date.now();
 (function poll() {
@@ -310,7 +311,7 @@ def time_first_output(browser: Browser, lab: Service, expected: str = "2", timeo
     # A fresh, empty workspace: nothing restored from an earlier run competes with the new notebook.
     workspace = f"nbos-{secrets.token_hex(4)}"
     driver.get(f"{lab.url}/lab/workspaces/{workspace}?reset&token={lab.token}")  # type: ignore[attr-defined]
-    ready = driver.execute_async_script(_WAIT_FOR_LAB)  # type: ignore[attr-defined]
+    ready = driver.execute_async_script(WAIT_FOR_LAB)  # type: ignore[attr-defined]
     if ready is not True:
         raise RuntimeError(f"JupyterLab did not start in the browser: {ready}")
     started = time.monotonic()

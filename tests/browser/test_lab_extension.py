@@ -21,7 +21,16 @@ from typing import Any
 
 import nbformat
 import pytest
-from lab_stack import REPO, Browser, Service, missing_browser_tools, start_browser, start_gateway, start_lab
+from lab_stack import (
+    REPO,
+    WAIT_FOR_LAB,
+    Browser,
+    Service,
+    missing_browser_tools,
+    start_browser,
+    start_gateway,
+    start_lab,
+)
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionComplete
 
@@ -128,7 +137,7 @@ def lab_and_page(workdir: Path, notebookos_gateway: Service) -> Iterator[Future[
         try:
             driver: Any = chromium.driver
             driver.get(f"{lab.url}/lab/workspaces/nbos-ext?reset&token={lab.token}")
-            assert driver.execute_async_script(_WAIT_FOR_LAB) is True
+            assert driver.execute_async_script(WAIT_FOR_LAB) is True
             assert driver.execute_async_script(_OPEN_NOTEBOOK, KERNEL) is True
         except BaseException:
             chromium.quit()
@@ -354,23 +363,8 @@ def test_notebook7_shows_the_footer_and_the_kernel_item(page: Browser, lab: Serv
     screenshot(page, "notebook7-footer-and-kernel-item")
 
 
-# JavaScript run in the page. Lab's (and Notebook 7's) commands do the clicking; the results are read from the DOM.
-_WAIT_FOR_LAB = """
-const done = arguments[arguments.length - 1];
-const started = Date.now();
-(function poll() {
-  const app = window.jupyterapp;
-  if (app && app.commands.hasCommand('notebook:create-new')) {
-    app.restored.then(() => done(true), (e) => done('restore failed: ' + e));
-  } else if (Date.now() - started > 55000) {
-    done('window.jupyterapp never appeared');
-  } else {
-    setTimeout(poll, 100);
-  }
-})();
-"""
-
-# Also records every execute_reply's metadata, independently of the extension.
+# JavaScript run in the page (Lab's and Notebook 7's commands do the clicking; the results are read from the DOM).
+# _WATCH_REPLIES records every execute_reply's metadata, independently of the extension.
 _WATCH_REPLIES = """
 window.__nbosReplies = {};
 panel.sessionContext.session.kernel.anyMessage.connect((_, {msg, direction}) => {
