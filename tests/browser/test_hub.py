@@ -111,6 +111,12 @@ def run_cell_in_new_notebook(browser: Browser, user: str, source: str, expected:
         lambda d: f"{KERNEL_DISPLAY_NAME} | Idle" in d.find_element(By.ID, "jp-main-statusbar").text,
         "the notebook's kernel to become idle",
     )
+    # And the NotebookOS kernel item lists the replicas: Lab has settled on this kernel (through the Hub's proxy,
+    # the user's server and the gateway), as a user would see before typing.
+    wait.until(
+        lambda d: "host-" in d.find_element(By.ID, "jp-main-statusbar").text,
+        "the NotebookOS kernel item to list the kernel's replicas",
+    )
     editor.click()
     editor.send_keys(source)
     editor.send_keys(Keys.SHIFT, Keys.ENTER)
