@@ -26,6 +26,9 @@ def main() -> None:
     parser.add_argument(
         "--faults", default=",".join(FAULTS), help="comma-separated fault kinds to draw from (default: all)"
     )
+    parser.add_argument(
+        "--partitions", action="store_true", help="hosts as network namespaces (root), and host partitions as faults"
+    )
     args = parser.parse_args()
     faults = tuple(f for f in args.faults.split(",") if f)
     if set(faults) - set(FAULTS):
@@ -39,6 +42,7 @@ def main() -> None:
             seconds=args.seconds,
             fault_every=args.fault_every,
             faults=faults,
+            partitions=args.partitions,
         ).run()
     print("faults injected:")
     for fault in report.faults:
