@@ -4,27 +4,17 @@ moved off only when the scheduler gives that GPU to another replica, before that
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
-import pytest
 import requests
-from support import Platform, gpus_held_on, start_platform, stop_platform
+from support import Platform, gpus_held_on
 
 from jupyter_notebookos.client import GatewayClient, GatewayError
 
 KERNEL = "python3-notebookos"
 
 
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    started = start_platform(
-        tmp_path_factory.mktemp("residency") / "state", "--hosts", "3", "--gpus-per-host", "1",
-        "--gateway-option", "NotebookOSGatewayApp.gpu_sticky=True",
-    )  # fmt: skip
-    try:
-        yield started
-    finally:
-        stop_platform(started)
+# The module platform of tests/conftest.py, with sticky GPUs on.
+PLATFORM_ARGS = ("--hosts", "3", "--gpus-per-host", "1", "--gateway-option", "NotebookOSGatewayApp.gpu_sticky=True")
 
 
 def resident(client: GatewayClient, kernel_id: str) -> dict[str, list[int]]:
