@@ -23,7 +23,13 @@ from typing import Any, TypeVar
 
 from jupyter_notebookos.coordination import election
 from jupyter_notebookos.coordination.client import Coordinator
-from jupyter_notebookos.coordination.errors import CoordinationError, LeaseLost, PermissionDenied
+from jupyter_notebookos.coordination.errors import (
+    CoordinationError,
+    EtcdUnavailable,
+    LeaseLost,
+    PermissionDenied,
+    QuorumLost,
+)
 from jupyter_notebookos.coordination.keys import KeyLayout
 from jupyter_notebookos.coordination.kv import EventType
 from jupyter_notebookos.coordination.lease import Lease
@@ -148,24 +154,41 @@ class ReplicaAgent:
 
     # -- start-up (blocking, from the main thread) ----------------------------------------------------
 
-    def connect(self, timeout: float = 5.0) -> None:
+    def connect(self, timeout: float = 5.0, within: float = 20.0) -> None:
         """Connect to etcd and take a lease, kept alive and watched from now on.
 
+        ``timeout`` bounds each etcd call from now on; reaching etcd at start may take up to ``within`` seconds
+        of attempts, so that a replica started during an etcd election, or on a host whose network is still
+        settling, waits it out instead of failing the kernel's start.
+
         Raises:
-            EtcdUnavailable, QuorumLost: etcd cannot be reached or cannot grant a lease.
+            EtcdUnavailable, QuorumLost: etcd cannot be reached or cannot grant a lease within ``within`` s.
         """
         self.thread.start()
-        self.thread.run(self._connect(timeout), timeout + 5)
+        self.thread.run(self._connect(timeout, within), within + timeout + 5)
 
-    async def _connect(self, timeout: float) -> None:
-        self.coordinator = await Coordinator.connect(
-            self.settings.etcd_endpoints,
-            prefix=self.settings.etcd_prefix,
-            timeout=timeout,
-            tls=self.settings.etcd_tls,
-            credentials=self.settings.etcd_credentials,
-        )
-        self.lease = await self.coordinator.grant_lease(self.settings.lease_ttl)
+    async def _connect(self, timeout: float, within: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while True:
+            try:
+                self.coordinator = await Coordinator.connect(
+                    self.settings.etcd_endpoints,
+                    prefix=self.settings.etcd_prefix,
+                    timeout=timeout,
+                    tls=self.settings.etcd_tls,
+                    credentials=self.settings.etcd_credentials,
+                )
+                self.lease = await self.coordinator.grant_lease(self.settings.lease_ttl)
+                break
+            except (EtcdUnavailable, QuorumLost) as err:
+                if self.coordinator is not None:
+                    await self.coordinator.close()
+                    self.coordinator = None
+                if loop.time() + 1.0 >= deadline:
+                    raise
+                log.warning("etcd not reachable yet (%s); trying again", err)
+                await asyncio.sleep(1.0)
         self._applied_wakeup = asyncio.Event()
         self._publish_lock = asyncio.Lock()
         loop = asyncio.get_running_loop()

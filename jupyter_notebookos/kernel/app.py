@@ -99,9 +99,8 @@ class ReplicaApp(IPKernelApp):
         self.connection_file = os.path.join(runtime, f"kernel-{settings.replica_id}.json")
 
         self.agent = ReplicaAgent(settings, on_fatal=lambda m: self.replica_log.fatal(m, EXIT_LEASE_LOST))
-        self.agent.connect(
-            timeout=3.0
-        )  # raises EtcdUnavailable / QuorumLost: __main__ turns it into one line
+        # Raises EtcdUnavailable / QuorumLost: __main__ turns it into one line.
+        self.agent.connect(timeout=3.0, within=settings.etcd_start_within)
 
         super().initialize([] if argv is None else argv)
         if isinstance(self.log, logging.Logger):

@@ -49,6 +49,7 @@ class ReplicaSettings:
     ip: str = "127.0.0.1"
     advertise_ip: str = "127.0.0.1"
     lease_ttl: int = p.DEFAULT_LEASE_TTL
+    etcd_start_within: int = p.DEFAULT_ETCD_START_WITHIN
     gpus: list[HostGpu] = field(default_factory=list)
     gpu_sticky: bool = False  # keep GPU state on the device between cells (GpuBinding.sticky)
     buffer_threshold: int = p.DEFAULT_BUFFER_THRESHOLD
@@ -101,6 +102,7 @@ class ReplicaSettings:
             ip=ip,
             advertise_ip=advertise,
             lease_ttl=_int(env, p.ENV_LEASE_TTL, p.DEFAULT_LEASE_TTL, 1),
+            etcd_start_within=_int(env, p.ENV_ETCD_START_WITHIN, p.DEFAULT_ETCD_START_WITHIN, 0),
             gpus=gpus,
             gpu_sticky=env.get(p.ENV_GPU_STICKY, "").strip().lower() in ("1", "true", "yes"),
             buffer_threshold=_int(env, p.ENV_BUFFER_THRESHOLD, p.DEFAULT_BUFFER_THRESHOLD, 0),

@@ -423,7 +423,9 @@ class LocalLauncher(Launcher):
             if code is None:
                 return ReplicaStatus(ReplicaPhase.RUNNING)
             phase = ReplicaPhase.EXITED if code == 0 else ReplicaPhase.FAILED
-            return ReplicaStatus(phase, f"exit code {code}; log: {self.log_path(handle.kernel_id, handle.replica_id)}")
+            log_path = self.log_path(handle.kernel_id, handle.replica_id)
+            said = _last_line(log_path) if code != 0 else ""
+            return ReplicaStatus(phase, f"exit code {code}{f': {said}' if said else ''}; log: {log_path}")
         if handle.pid is None:
             return ReplicaStatus(ReplicaPhase.UNKNOWN, "no pid")
         try:
@@ -452,3 +454,16 @@ class LocalLauncher(Launcher):
             return int(record["pid"]) == process.pid and abs(float(record["created"]) - process.create_time()) < 0.01
         except (OSError, ValueError, KeyError, psutil.Error):
             return False
+
+
+def _last_line(path: Path, limit: int = 4096) -> str:
+    """The last non-empty line of a replica's log (its one-line reason when it failed), at most 300 characters."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - limit))
+            tail = log.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""

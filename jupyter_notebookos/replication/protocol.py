@@ -65,6 +65,7 @@ ENV_SIGNATURE_SCHEME = "NOTEBOOKOS_SIGNATURE_SCHEME"  # default hmac-sha256
 ENV_IP = "NOTEBOOKOS_IP"  # where the replica binds its sockets (embedded: 127.0.0.1; pods: 0.0.0.0)
 ENV_ADVERTISE_IP = "NOTEBOOKOS_ADVERTISE_IP"  # the address the router connects to (pods: the pod IP)
 ENV_LEASE_TTL = "NOTEBOOKOS_LEASE_TTL"  # seconds; default DEFAULT_LEASE_TTL
+ENV_ETCD_START_WITHIN = "NOTEBOOKOS_ETCD_START_WITHIN"  # seconds a starting replica tries to reach etcd (0: once)
 ENV_GPU_DEVICES = "NOTEBOOKOS_GPU_DEVICES"  # JSON list of the host's devices: [{"index", "uuid", "simulated"}]
 ENV_GPU_STICKY = "NOTEBOOKOS_GPU_STICKY"  # "1": GPU state stays on the device between cells until evicted
 ENV_BUFFER_THRESHOLD = "NOTEBOOKOS_BUFFER_THRESHOLD"  # bytes above which buffers go to the object store
@@ -82,6 +83,7 @@ ENV_ETCD_PASSWORD = "NOTEBOOKOS_ETCD_PASSWORD"
 ENV_KERNEL_UID = "NOTEBOOKOS_KERNEL_UID"
 
 DEFAULT_LEASE_TTL = 5
+DEFAULT_ETCD_START_WITHIN = 20  # within the gateway's 60 s start timeout, with room to spare
 #: The seq of a kernel's first log record. ``applied_seq == FIRST_SEQ - 1`` means nothing applied yet (a new
 #: kernel); the router's first cell gets ``CellDirective.seq == FIRST_SEQ``.
 FIRST_SEQ = 1

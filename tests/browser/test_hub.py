@@ -151,6 +151,27 @@ def kernels_of(platform: Platform) -> dict[str, str]:
     return {k["kernel_id"]: k["owner"] for k in json.loads(status.stdout)["kernels"]}
 
 
+def what_the_logs_say(platform: Platform, user: str) -> str:
+    """What the gateway, the Hub (with the user's server) and the user's replicas logged about the user's kernels:
+    a failure in CI says where a cell was lost."""
+    kernels = [k for k, owner in kernels_of(platform).items() if owner == user]
+    gateway_log = (platform.state_dir / "gateway.log").read_text(errors="replace").splitlines()
+    hub_log = (platform.state_dir / "jupyterhub.log").read_text(errors="replace").splitlines()
+    parts = [f"--- {user}'s kernels: {kernels}", "--- gateway.log about them, and its warnings:"]
+
+    def flagged(line: str) -> bool:
+        return any(k in line for k in kernels) or "[W " in line or "[E " in line
+
+    parts += [line[:400] for line in gateway_log if flagged(line)][-60:]
+    parts.append(f"--- jupyterhub.log (with {user}'s server), warnings and kernel lines:")
+    parts += [line[:400] for line in hub_log if flagged(line) and "extra_template_paths" not in line][-40:]
+    for kernel in kernels:
+        for log in sorted((platform.state_dir / "replicas" / kernel).glob("*.log")):
+            parts.append(f"--- {log.relative_to(platform.state_dir)} (end):")
+            parts += log.read_text(errors="replace").splitlines()[-8:]
+    return "\n".join(parts)
+
+
 def test_each_user_runs_their_own_kernel_and_cannot_reach_the_others(hub_platform: Platform, tmp_path: Path) -> None:
     hub_url = runtime(hub_platform)["hub_url"]
     pw = passwords(hub_platform)
@@ -160,7 +181,10 @@ def test_each_user_runs_their_own_kernel_and_cannot_reach_the_others(hub_platfor
         browser = start_browser(tmp_path / user)
         try:
             log_in(browser, hub_url, user, pw[user])
-            run_cell_in_new_notebook(browser, user, source, expected)
+            try:
+                run_cell_in_new_notebook(browser, user, source, expected)
+            except AssertionError as err:
+                raise AssertionError(f"{err}\n{what_the_logs_say(hub_platform, user)}") from None
         finally:
             browser.quit()
 

@@ -280,7 +280,7 @@ def test_shutdown_revokes_lease_and_exits(replicas: ReplicaFactory) -> None:
 
 
 def test_etcd_unreachable_at_start_exits_with_one_line(replicas: ReplicaFactory) -> None:
-    env = replicas.env("r0", {p.ENV_ETCD_ENDPOINTS: "127.0.0.1:9"})
+    env = replicas.env("r0", {p.ENV_ETCD_ENDPOINTS: "127.0.0.1:9", p.ENV_ETCD_START_WITHIN: "0"})
     proc = subprocess.run(
         [sys.executable, "-m", "jupyter_notebookos.kernel"],
         env=env,
@@ -292,6 +292,25 @@ def test_etcd_unreachable_at_start_exits_with_one_line(replicas: ReplicaFactory)
     lines = proc.stderr.decode().strip().splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith("notebookos replica cannot start: Cannot reach etcd at 127.0.0.1:9")
+
+
+def test_a_replica_started_while_etcd_is_down_comes_up_when_etcd_is_back(tmp_path: Path) -> None:
+    """A replica starting during an etcd outage (an election, a restart, a host whose network is settling)
+    keeps trying for ``NOTEBOOKOS_ETCD_START_WITHIN`` seconds instead of failing its kernel's start."""
+    cluster = EtcdCluster(tmp_path / "etcd", members=1).start()
+    factory = ReplicaFactory(cluster.endpoints, tmp_path)
+    try:
+        cluster.kill_member(0)
+        r0 = factory.spawn("r0", {p.ENV_ETCD_START_WITHIN: "30"})
+        time.sleep(4)  # more than one attempt (3 s each)
+        assert r0.proc.poll() is None, f"the replica gave up while etcd was down:\n{r0.log()}"
+        cluster.start_member(0)
+        r0.registration = factory.wait_registered(r0, 30)
+        assert "etcd not reachable yet" in r0.log()
+        assert r0.execute("print(6 * 7)").stdout == "42\n"
+    finally:
+        factory.close()
+        cluster.stop()
 
 
 def test_replica_outlives_etcd_going_away_and_registers_again_when_its_lease_is_gone(tmp_path: Path) -> None:
