@@ -68,7 +68,7 @@ make_venv() {  # make_venv DIR STAMP_INPUTS... -- PIP_ARGS...
     touch "$dir/.bootstrap-$digest"
 }
 
-make_venv .venv pyproject.toml requirements/gateway.txt -- -c requirements/gateway.txt -e ".[test]"
+make_venv .venv pyproject.toml requirements/gateway.txt -- -c requirements/gateway.txt -e ".[test,s3]"
 make_venv .venv-lab requirements/lab.txt -- -r requirements/lab.txt
 make_venv .venv-hub requirements/hub.txt -- -r requirements/hub.txt
 

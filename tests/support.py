@@ -36,6 +36,7 @@ __all__ = [
     "kernel_of",
     "platform_running",
     "processes_of",
+    "replace_a_follower",
     "start_etcd",
     "start_platform",
     "stop_platform",
@@ -57,10 +58,11 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: fl
         time.sleep(interval)
 
 
-def start_platform(state_dir: Path, *args: str, timeout: float = 90.0) -> Platform:
-    """Run `notebookos up --no-lab` with ``args`` (from the repository root) and wait until it is up."""
+def start_platform(state_dir: Path, *args: str, timeout: float = 90.0, env: dict[str, str] | None = None) -> Platform:
+    """Run `notebookos up --no-lab` with ``args`` (from the repository root; ``env`` added to this process's
+    environment) and wait until it is up."""
     try:
-        return PlatformProcess.start(state_dir, *args, timeout=timeout, cwd=REPO)
+        return PlatformProcess.start(state_dir, *args, timeout=timeout, cwd=REPO, env=env)
     except RuntimeError as err:
         raise AssertionError(str(err)) from None
 
@@ -211,3 +213,18 @@ def kernel_of(client: GatewayClient, name: str = "python3-notebookos") -> Iterat
     finally:
         with contextlib.suppress(GatewayError):
             client.shutdown_kernel(kernel_id)
+
+
+def replace_a_follower(client: GatewayClient, kernel_id: str) -> str:
+    """SIGKILL a follower of the kernel and wait for its replacement; returns the new replica's id."""
+    info = client.notebookos_kernel(kernel_id)
+    follower = next(r for r in info["replicas"] if r["replica_id"] != info["executor"])
+    before = {r["replica_id"] for r in info["replicas"]}
+    os.kill(follower["pid"], signal.SIGKILL)
+
+    def replaced() -> str | None:
+        ready = [r for r in client.notebookos_kernel(kernel_id)["replicas"] if r["state"] == "ready"]
+        new = {r["replica_id"] for r in ready} - before
+        return next(iter(new)) if len(ready) == 3 and new else None
+
+    return wait_for(replaced, 90, f"a replacement replica of kernel {kernel_id}")

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import Platform, start_platform, stop_platform, wait_for
+from support import Platform, replace_a_follower, start_platform, stop_platform, wait_for
 
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
 
@@ -169,25 +169,6 @@ def test_a_kernel_cannot_read_another_kernels_files_environment_or_the_gateways_
         assert conn_a.execute("float(big.sum())").result_text() == str(float(1 << 19))
 
 
-def _ready(client: GatewayClient, kernel_id: str) -> list[dict]:
-    return [r for r in client.notebookos_kernel(kernel_id)["replicas"] if r["state"] == "ready"]
-
-
-def _replace_a_follower(client: GatewayClient, kernel_id: str) -> str:
-    """SIGKILL a follower and wait for its replacement; returns the new replica's id."""
-    info = client.notebookos_kernel(kernel_id)
-    follower = next(r for r in info["replicas"] if r["replica_id"] != info["executor"])
-    before = {r["replica_id"] for r in info["replicas"]}
-    os.kill(follower["pid"], signal.SIGKILL)
-
-    def replaced() -> str | None:
-        ready = _ready(client, kernel_id)
-        new = {r["replica_id"] for r in ready} - before
-        return next(iter(new)) if len(ready) == 3 and new else None
-
-    return wait_for(replaced, 90, f"a replacement replica of kernel {kernel_id}")  # type: ignore[no-any-return]
-
-
 def test_two_kernels_past_their_first_checkpoint_each_restore_their_own_state(
     platform: Platform, two_kernels: tuple[GatewayClient, str, str]
 ) -> None:
@@ -200,7 +181,7 @@ def test_two_kernels_past_their_first_checkpoint_each_restore_their_own_state(
             checkpoints = platform.state_dir / "objects" / "kernels" / kernel_id / "checkpoints"
             wait_for(lambda c=checkpoints: c.exists() and any(c.iterdir()), 30, f"{kernel_id}'s first checkpoint")
         for kernel_id, conn, expected in ((a, conn_a, "('A', 39)"), (b, conn_b, "('B', 139)")):
-            replica = _replace_a_follower(client, kernel_id)
+            replica = replace_a_follower(client, kernel_id)
             msg_id = conn.send(
                 "shell",
                 "execute_request",

@@ -59,8 +59,16 @@ class PlatformProcess:
     log: Path
 
     @classmethod
-    def start(cls, state_dir: Path, *args: str, timeout: float = 90.0, cwd: Path | None = None) -> PlatformProcess:
-        """Start the platform with ``args`` and wait until it is up (or raise with the end of its output)."""
+    def start(
+        cls,
+        state_dir: Path,
+        *args: str,
+        timeout: float = 90.0,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> PlatformProcess:
+        """Start the platform with ``args`` (and ``env`` on top of this process's environment) and wait until it
+        is up (or raise with the end of its output)."""
         state_dir = state_dir.resolve()
         state_dir.parent.mkdir(parents=True, exist_ok=True)
         log = state_dir.parent / f"{state_dir.name}-up.log"
@@ -70,6 +78,7 @@ class PlatformProcess:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=cwd,
+                env=None if env is None else {**os.environ, **env},
             )
         runtime = state_dir / RUNTIME_FILE
         deadline = time.monotonic() + timeout

@@ -5,15 +5,19 @@
   gateway's admin user can read, so a restarted gateway restores the identity and gives replacement replicas the
   same credentials.
 - **Its object-store prefix**: ``<object_store_url>/kernels/<kernel_id>``. Every replica of the kernel opens its
-  store there, so no key of one kernel can name another's, and deleting the kernel deletes the prefix.
+  store there, so no key of one kernel can name another's, and deleting the kernel deletes the prefix. On an
+  S3-compatible store the replicas get no store credentials, only the kernel's *object token*, with which the
+  gateway signs URLs for that prefix alone (:mod:`jupyter_notebookos.gateway.objectbroker`).
 - **Its environment**: a replica gets the kernel's ``KERNEL_*`` variables and the few that shape a process
   (``PATH``, locale, thread pools), never the gateway's own (its token, etcd's admin password, cloud keys).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -53,22 +57,33 @@ def kernel_store_url(object_store_url: str, kernel_id: str) -> str:
     return f"{object_store_url.rstrip('/')}/kernels/{kernel_id}"
 
 
+def new_object_token() -> str:
+    """A kernel's object token: what its replicas show the gateway's object broker."""
+    return secrets.token_urlsafe(32)
+
+
 @dataclass
 class KernelAccess:
-    """One kernel's etcd credentials, as recorded in its session record and handed to its replicas."""
+    """One kernel's credentials (etcd, object broker), as recorded in its session record and handed to its
+    replicas."""
 
     kernel_id: str
     etcd_password: str = field(default="", repr=False)
+    object_token: str = field(default_factory=new_object_token, repr=False)
 
     @property
     def etcd_user(self) -> str:
         return auth.kernel_user(self.kernel_id)
 
-    def secret_env(self) -> dict[str, str]:
-        """The variables a replica needs to log in to etcd as its kernel (empty with auth off)."""
-        if not self.etcd_password:
-            return {}
-        return {protocol.ENV_ETCD_USER: self.etcd_user, protocol.ENV_ETCD_PASSWORD: self.etcd_password}
+    def secret_env(self, *, brokered: bool = False) -> dict[str, str]:
+        """The variables a replica needs to log in to etcd as its kernel (none with auth off) and, on a
+        brokered store, to have the gateway sign its object operations."""
+        env = {}
+        if self.etcd_password:
+            env.update({protocol.ENV_ETCD_USER: self.etcd_user, protocol.ENV_ETCD_PASSWORD: self.etcd_password})
+        if brokered:
+            env[protocol.ENV_OBJECT_BROKER_TOKEN] = self.object_token
+        return env
 
 
 class KernelAccessManager:
@@ -89,13 +104,17 @@ class KernelAccessManager:
             await auth.create_kernel_identity(self.coordinator, kernel_id, access.etcd_password)
         return access
 
-    async def restore(self, kernel_id: str, password: str) -> KernelAccess:
-        """A re-attached kernel's identity, as its session record has it (re-created if etcd lost it)."""
+    async def restore(self, kernel_id: str, password: str, object_token: str = "") -> KernelAccess:
+        """A re-attached kernel's identity, as its session record has it (re-created if etcd lost it). A record
+        without an object token (an older gateway's) gets a new one: replacements get it, running replicas
+        keep the one they had until they are replaced."""
         if self.etcd_auth and not password:
             # Recorded by a gateway without auth: give the kernel an identity now (its running replicas keep
             # working as they are; replacements log in with this).
-            return await self.create(kernel_id)
-        access = KernelAccess(kernel_id, password if self.etcd_auth else "")
+            access = await self.create(kernel_id)
+            access.object_token = object_token or access.object_token
+            return access
+        access = KernelAccess(kernel_id, password if self.etcd_auth else "", object_token or new_object_token())
         if self.etcd_auth:
             users = await auth.kernel_identities(self.coordinator)
             if kernel_id not in users:
@@ -111,10 +130,15 @@ class KernelAccessManager:
             except CoordinationError as err:
                 log.warning("kernel %s: could not delete its etcd user: %s", kernel_id, err)
         url = self.store_url(kernel_id)
-        try:
+
+        def delete_prefix() -> None:
             fs, path = fsspec.core.url_to_fs(url)
+            fs.invalidate_cache()  # an object store's listing cache knows nothing of what replicas wrote
             if fs.exists(path):
                 fs.rm(path, recursive=True)
+
+        try:
+            await asyncio.to_thread(delete_prefix)  # a remote store answers over the network: not on the loop
         except Exception as err:  # any filesystem's failure: the sweep retries
             log.warning("kernel %s: could not delete its objects under %s: %s", kernel_id, url, err)
 
@@ -125,10 +149,16 @@ class KernelAccessManager:
         gone: set[str] = set()
         if self.etcd_auth:
             gone |= await auth.kernel_identities(self.coordinator) - alive
-        try:
+
+        def prefixes() -> set[str]:
             fs, root = fsspec.core.url_to_fs(f"{self.object_store_url.rstrip('/')}/kernels")
-            if fs.exists(root):
-                gone |= {p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)} - alive
+            fs.invalidate_cache()
+            if not fs.exists(root):
+                return set()
+            return {p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)}
+
+        try:
+            gone |= await asyncio.to_thread(prefixes) - alive
         except Exception as err:
             log.warning("could not list the object store's kernel prefixes: %s", err)
         for kernel_id in sorted(gone):

@@ -31,6 +31,7 @@ from jupyter_notebookos.coordination.client import Coordinator, EtcdCredentials,
 from jupyter_notebookos.gateway.defrag import EtcdMaintenance
 from jupyter_notebookos.gateway.handlers import notebookos_handlers
 from jupyter_notebookos.gateway.identity import Identities, IdentityConfig, IdentityConfigError
+from jupyter_notebookos.gateway.objectbroker import broker_handlers
 from jupyter_notebookos.gateway.ownership import with_identity
 from jupyter_notebookos.gateway.platform import GatewayPlatform
 from jupyter_notebookos.gateway.reconcile import DEFAULT_RECONCILE_INTERVAL
@@ -193,6 +194,28 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         "resident names the devices kept.",
     )
 
+    object_broker_url = Unicode(
+        config=True,
+        help="S3-compatible object stores: the URL at which replicas reach this gateway's object broker, ending in "
+        "/api/notebookos/kernels (replicas get signed URLs for their own kernel's objects there and hold no store "
+        "keys). Default: this gateway's own address (127.0.0.1 when it listens on every interface); on Kubernetes "
+        "the chart sets the gateway Service's. Env: NOTEBOOKOS_OBJECT_BROKER_URL.",
+    )
+
+    @default("object_broker_url")
+    def _object_broker_url_default(self) -> str:
+        if os.environ.get(protocol.ENV_OBJECT_BROKER_URL):
+            return os.environ[protocol.ENV_OBJECT_BROKER_URL]
+        host = self.ip if self.ip not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        scheme = "https" if self.certfile else "http"
+        return f"{scheme}://{host}:{self.port}" + url_path_join("/", self.base_url, "/api/notebookos/kernels")
+
+    object_url_expires = Integer(
+        900,
+        config=True,
+        help="Seconds a signed object-store URL stays valid (S3-compatible stores; 60-43200).",
+    )
+
     ledger_reconcile_interval = Float(
         DEFAULT_RECONCILE_INTERVAL,
         config=True,
@@ -318,6 +341,14 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         self.platform.rejoin_grace = self.replica_rejoin_grace
         self.platform.reconcile_interval = self.ledger_reconcile_interval
         self.platform.gpu_sticky = self.gpu_sticky
+        self._configure_object_broker()
+
+    def _configure_object_broker(self) -> None:
+        """Where replicas reach the object broker and for how long its URLs hold (S3-compatible stores)."""
+        if not 60 <= self.object_url_expires <= 43200:
+            raise ValueError(f"object_url_expires={self.object_url_expires}: give 60 to 43200 seconds")
+        self.platform.object_broker_url = self.object_broker_url
+        self.platform.object_url_expires = self.object_url_expires
 
     def _init_kubernetes(self, scheduler: Scheduler) -> None:
         """Replica pods, GPU nodes as hosts, placeholder pods for scaling (the helm chart's deployment)."""
@@ -351,6 +382,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         self.platform.rejoin_grace = self.replica_rejoin_grace
         self.platform.reconcile_interval = self.ledger_reconcile_interval
         self.platform.gpu_sticky = self.gpu_sticky
+        self._configure_object_broker()
         self.node_hosts = NodeHosts(self.platform, inventory, placeholders)
 
     async def start_platform(self) -> None:
@@ -390,7 +422,10 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
 
     def _create_request_handlers(self) -> list[tuple]:
         """EG's handlers, with our API first and EG's channels handler replaced by ours."""
-        ours = [(url_path_join("/", self.base_url, pattern), *rest) for pattern, *rest in notebookos_handlers()]
+        ours = [
+            (url_path_join("/", self.base_url, pattern), *rest)
+            for pattern, *rest in [*broker_handlers(), *notebookos_handlers()]
+        ]
         overrides = {url_path_join("/", self.base_url, p): cls for p, cls in handler_overrides()}
         handlers: list[tuple] = []
         for pattern, *rest in super()._create_request_handlers():

@@ -28,6 +28,7 @@ from jupyter_notebookos.gateway.events import EventLog
 from jupyter_notebookos.gateway.ledger import LedgerReleases
 from jupyter_notebookos.gateway.metrics import PlatformMetrics
 from jupyter_notebookos.gateway.migration import MigrationRunner
+from jupyter_notebookos.gateway.objectbroker import ObjectBroker, brokered
 from jupyter_notebookos.gateway.planner import CellPlanning
 from jupyter_notebookos.gateway.reattach import Reattachment
 from jupyter_notebookos.gateway.reconcile import DEFAULT_RECONCILE_INTERVAL, LedgerReconciler
@@ -41,6 +42,7 @@ from jupyter_notebookos.gpu.discovery import host_devices, nvml_devices
 from jupyter_notebookos.launchers.base import Launcher, LaunchError, ReplicaSpec
 from jupyter_notebookos.launchers.provisioning import HostProvisioner
 from jupyter_notebookos.replication import protocol
+from jupyter_notebookos.replication.brokerfs import PROTOCOL as BROKER_PROTOCOL
 from jupyter_notebookos.scheduler import (
     HostSpec,
     MigrateThenRun,
@@ -128,6 +130,11 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         # The gateway's etcd admin identity (etcd auth on; the app sets it); None: auth off.
         self.etcd_credentials: EtcdCredentials | None = None
         self.access: KernelAccessManager | None = None
+        # S3-compatible stores: the gateway signs its kernels' object operations (replicas hold no store keys);
+        # ``object_broker_url`` is where replicas reach it (the app sets it). None: replicas open the store.
+        self.object_broker: ObjectBroker | None = None
+        self.object_broker_url = ""
+        self.object_url_expires = 900
         # Set once start() is done: the HTTP server listens while start() runs (EG binds it first), so a kernel
         # start that arrives meanwhile waits for it instead of failing.
         self.ready = asyncio.Event()
@@ -174,6 +181,8 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         self.access = KernelAccessManager(
             self.coordinator, self.object_store_url, etcd_auth=self.etcd_credentials is not None
         )
+        if brokered(self.object_store_url) and self.object_broker is None:
+            self.object_broker = ObjectBroker(self.object_store_url, expires=self.object_url_expires)
         self.ledger = LedgerReleases(self.coordinator)
         for host in self.hosts.values():
             record = {
@@ -299,6 +308,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
                         # Only the gateway's admin user can read this record (the kernel's role covers its
                         # sub-keys, not the record): a restarted gateway restores the kernel's etcd identity.
                         "etcd_password": record.access.etcd_password,
+                        "object_token": record.access.object_token,
                     }
                 ),
             )
@@ -385,7 +395,9 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
             host=host,
             kernel_name=record.kernel_name,
             env=self._replica_env(record, host),
-            secret_env=record.access.secret_env() if record.access is not None else {},
+            secret_env=record.access.secret_env(brokered=self.object_broker is not None)
+            if record.access is not None
+            else {},
             config=dict(record.config),
             gpus=record.gpus,
             launch_timeout=record.launch_timeout,
@@ -401,7 +413,9 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
             {
                 protocol.ENV_ETCD_ENDPOINTS: ",".join(self.etcd_endpoints),
                 protocol.ENV_ETCD_PREFIX: self.etcd_prefix,
-                protocol.ENV_OBJECT_STORE_URL: self.access.store_url(record.kernel_id),
+                protocol.ENV_OBJECT_STORE_URL: self.access.store_url(record.kernel_id)
+                if self.object_broker is None
+                else f"{BROKER_PROTOCOL}://{record.kernel_id}",
                 protocol.ENV_KEY: router.signer.session.key.decode(),
                 protocol.ENV_SIGNATURE_SCHEME: router.signer.session.signature_scheme,
                 protocol.ENV_IP: "127.0.0.1",
@@ -415,6 +429,8 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         )
         if self.gpu_sticky:
             env[protocol.ENV_GPU_STICKY] = "1"
+        if self.object_broker is not None:
+            env[protocol.ENV_OBJECT_BROKER_URL] = self.object_broker_url
         return env
 
     def _launch_failure(self, record: KernelRecord, missing: set[str], timeout: float) -> str:

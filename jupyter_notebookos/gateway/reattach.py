@@ -97,7 +97,9 @@ class Reattachment(PlatformState):
         timeout = session.get("launch_timeout")  # absent in records of older gateways: the defaults
         record.launch_timeout = float(timeout) if isinstance(timeout, int | float) and timeout > 0 else None
         assert self.access is not None
-        record.access = await self.access.restore(kernel_id, str(session.get("etcd_password") or ""))
+        record.access = await self.access.restore(
+            kernel_id, str(session.get("etcd_password") or ""), str(session.get("object_token") or "")
+        )
         record.started_at = float(session.get("started_at", record.started_at))
         for registration in registrations:
             rid = registration.replica_id

@@ -109,7 +109,12 @@ class ReplicaApp(IPKernelApp):
             self.log.setLevel(cast(int, self.log_level))
         kernel: ReplicaKernel = self.kernel
         kernel.attach(
-            settings, self.agent, StateLog(ObjectStore(settings.object_store_url), settings.replica_id)
+            settings,
+            self.agent,
+            StateLog(
+                ObjectStore(settings.object_store_url, storage_options=settings.object_store_options),
+                settings.replica_id,
+            ),
         )
         self._log_revision = kernel.restore()
         signal.signal(signal.SIGTERM, self._on_sigterm)

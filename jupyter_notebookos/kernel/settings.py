@@ -45,6 +45,7 @@ class ReplicaSettings:
     key: str
     etcd_prefix: str = DEFAULT_PREFIX
     object_store_url: str = ""
+    object_store_options: dict[str, str] = field(default_factory=dict, repr=False)  # the broker's URL and token
     signature_scheme: str = "hmac-sha256"
     ip: str = "127.0.0.1"
     advertise_ip: str = "127.0.0.1"
@@ -82,6 +83,17 @@ class ReplicaSettings:
         store = env.get(p.ENV_OBJECT_STORE_URL, "").strip() or (
             "file://" + os.path.join(tempfile.gettempdir(), "notebookos-objects", kernel_id)
         )
+        store_options: dict[str, str] = {}
+        if store.startswith("notebookos-broker://"):
+            store_options = {
+                "broker": env.get(p.ENV_OBJECT_BROKER_URL, "").strip(),
+                "token": env.get(p.ENV_OBJECT_BROKER_TOKEN, "").strip(),
+            }
+            if not store_options["broker"] or not store_options["token"]:
+                raise ReplicaConfigError(
+                    f"{p.ENV_OBJECT_STORE_URL}={store} needs {p.ENV_OBJECT_BROKER_URL} and {p.ENV_OBJECT_BROKER_TOKEN} "
+                    "(the gateway sets both when its store is S3)"
+                )
         try:
             gpus = HostGpu.parse_env(env.get(p.ENV_GPU_DEVICES))
             etcd_tls = EtcdTls.from_env(
@@ -98,6 +110,7 @@ class ReplicaSettings:
             key=env[p.ENV_KEY].strip(),
             etcd_prefix=env.get(p.ENV_ETCD_PREFIX, "").strip() or DEFAULT_PREFIX,
             object_store_url=store,
+            object_store_options=store_options,
             signature_scheme=env.get(p.ENV_SIGNATURE_SCHEME, "").strip() or "hmac-sha256",
             ip=ip,
             advertise_ip=advertise,

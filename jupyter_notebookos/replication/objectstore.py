@@ -26,6 +26,7 @@ from typing import Any
 import fsspec
 from fsspec.spec import AbstractFileSystem
 
+from jupyter_notebookos.replication import brokerfs  # noqa: F401  (registers the notebookos-broker:// store)
 from jupyter_notebookos.replication.digest import as_bytes_view, content_digest
 
 _CHECKPOINT_NAME = re.compile(r"^(\d{20})\.ckpt$")

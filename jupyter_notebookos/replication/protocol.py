@@ -60,6 +60,10 @@ ENV_HOST = "NOTEBOOKOS_HOST"
 ENV_ETCD_ENDPOINTS = "NOTEBOOKOS_ETCD_ENDPOINTS"  # comma-separated host:port
 ENV_ETCD_PREFIX = "NOTEBOOKOS_ETCD_PREFIX"
 ENV_OBJECT_STORE_URL = "NOTEBOOKOS_OBJECT_STORE_URL"
+# S3-compatible stores: the gateway's object broker (its URL for kernels: .../api/notebookos/kernels) and the
+# kernel's object token for it (replication/brokerfs.py); the replica then holds no store credentials.
+ENV_OBJECT_BROKER_URL = "NOTEBOOKOS_OBJECT_BROKER_URL"
+ENV_OBJECT_BROKER_TOKEN = "NOTEBOOKOS_OBJECT_BROKER_TOKEN"
 ENV_KEY = "NOTEBOOKOS_KERNEL_KEY"  # the kernel's HMAC key (hex string as in a connection file)
 ENV_SIGNATURE_SCHEME = "NOTEBOOKOS_SIGNATURE_SCHEME"  # default hmac-sha256
 ENV_IP = "NOTEBOOKOS_IP"  # where the replica binds its sockets (embedded: 127.0.0.1; pods: 0.0.0.0)

@@ -111,7 +111,11 @@ def test_scheduler_values_reach_the_scheduler_traitlets() -> None:
     assert {"name": "notebookos-etcd-tls", "secret": {"secretName": "notebookos-etcd-client-tls"}} in pod["spec"][
         "volumes"
     ]
-    assert pod["spec"]["containers"][0]["envFrom"] == [{"secretRef": {"name": "notebookos-s3-credentials"}}]
+    # S3: replicas never get the store's keys; the gateway signs their object operations (its object broker).
+    assert "envFrom" not in pod["spec"]["containers"][0]
+    assert config["NotebookOSGatewayApp"]["object_broker_url"] == (
+        "http://nbos-notebookos-gateway.notebookos.svc:8888/api/notebookos/kernels"
+    )
 
 
 def test_kernelspec_config_map_is_the_notebookos_kernelspec() -> None:
@@ -305,8 +309,9 @@ def test_kernels_get_a_namespace_of_their_own_enforcing_pod_security_restricted(
     assert config["KubernetesLauncher"]["owner_config_map"] == config["PlaceholderPool"]["owner_config_map"]
     owners = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"] == "nbos-notebookos-kernel-owner"]
     assert [o["metadata"]["namespace"] for o in owners] == ["notebookos-kernels"]
-    # The S3 endpoint reaches the replicas too, not only the gateway.
-    assert config["KubernetesLauncher"]["object_store_endpoint_url"] == "https://minio.storage.svc:9000"
+    # The S3 endpoint and keys are the gateway's only: replicas reach their objects through URLs it signs.
+    assert "object_store_endpoint_url" not in config["KubernetesLauncher"]
+    assert "object_store_secret" not in config["KubernetesLauncher"]
 
 
 @pytest.mark.parametrize("values", [None, GPU_VALUES], ids=["default", "gpu-cluster"])

@@ -146,7 +146,13 @@ async def test_kernel_start_creates_three_anti_affine_pods_with_the_replica_prot
         assert env[protocol.ENV_HOST] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
         assert env[protocol.ENV_ETCD_ENDPOINTS] == ",".join(gateway.platform.etcd_endpoints)
         assert env[protocol.ENV_ETCD_PREFIX] == gateway.platform.etcd_prefix
-        assert env[protocol.ENV_OBJECT_STORE_URL] == f"s3://notebookos-store/objects/kernels/{KERNEL}"
+        # An S3 store: the replica asks the gateway to sign its object operations and holds no store keys.
+        assert env[protocol.ENV_OBJECT_STORE_URL] == f"notebookos-broker://{KERNEL}"
+        assert env[protocol.ENV_OBJECT_BROKER_URL] == gateway.platform.object_broker_url
+        assert env[protocol.ENV_OBJECT_BROKER_TOKEN] == {
+            "secretKeyRef": {"name": kernel_secret_name(KERNEL), "key": protocol.ENV_OBJECT_BROKER_TOKEN}
+        }
+        assert not any(name.startswith("AWS_") for name in env) and "envFrom" not in pod["spec"]["containers"][0]
         # The kernel's HMAC key only by reference to the kernel's Secret: a pod spec reader cannot sign messages.
         assert env[protocol.ENV_KEY] == {"secretKeyRef": {"name": kernel_secret_name(KERNEL), "key": protocol.ENV_KEY}}
         assert "0123456789abcdef" not in json.dumps(pod)

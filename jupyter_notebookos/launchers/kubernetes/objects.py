@@ -35,6 +35,7 @@ from jupyter_notebookos.launchers.kubernetes.validation import (
     check_label_value,
 )
 from jupyter_notebookos.replication import protocol
+from jupyter_notebookos.replication.brokerfs import PROTOCOL as BROKER_PROTOCOL
 
 # Labels every NotebookOS pod carries; the launcher's watch selects on them.
 COMPONENT_LABEL = "component"
@@ -126,9 +127,11 @@ def _replica_env(spec: ReplicaSpec, request: ReplicaPodRequest, settings: PodSet
     # the addresses as seen from replica pods (an empty setting must not blank the platform's).
     if settings.etcd_endpoints:
         ours[protocol.ENV_ETCD_ENDPOINTS] = settings.etcd_endpoints
-    if settings.object_store_url:
+    # A brokered store (S3: the gateway signs each object operation) needs no store address or keys in the pod.
+    brokered = spec.env.get(protocol.ENV_OBJECT_STORE_URL, "").startswith(f"{BROKER_PROTOCOL}://")
+    if settings.object_store_url and not brokered:
         ours[protocol.ENV_OBJECT_STORE_URL] = kernel_store_url(settings.object_store_url, spec.kernel_id)
-    if settings.object_store_endpoint_url:
+    if settings.object_store_endpoint_url and not brokered:
         ours["AWS_ENDPOINT_URL"] = settings.object_store_endpoint_url
     devices = spec.env.get(protocol.ENV_GPU_DEVICES)
     if devices and settings.real_gpus:
@@ -361,7 +364,9 @@ def make_replica_pod(
         "env": _replica_env(spec, request, settings),
         "securityContext": dict(RESTRICTED_CONTAINER_SECURITY),
     }
-    if settings.object_store_secret:
+    if settings.object_store_secret and not spec.env.get(protocol.ENV_OBJECT_STORE_URL, "").startswith(
+        f"{BROKER_PROTOCOL}://"
+    ):
         container["envFrom"] = [{"secretRef": {"name": settings.object_store_secret}}]
     if resources:
         container["resources"] = resources

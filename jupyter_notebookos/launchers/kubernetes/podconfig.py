@@ -112,7 +112,10 @@ class PodConfig(Launcher):
         "/mnt/notebookos-store", config=True, help="Where object_store_claim is mounted in replicas."
     )
     object_store_secret = Unicode(
-        "", config=True, help="Secret whose keys become env vars of replicas (e.g. AWS_ACCESS_KEY_ID for S3)."
+        "",
+        config=True,
+        help="Secret whose keys become env vars of replicas, for a store the gateway does not broker. Never the "
+        "store's admin keys: every user's code could read them (S3 stores are brokered: replicas need no keys).",
     )
     termination_grace_period = Integer(30, config=True, help="Seconds a replica gets to stop after SIGTERM.")
     launch_timeout = Float(

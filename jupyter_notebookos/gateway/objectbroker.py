@@ -1,0 +1,180 @@
+"""Object-store access per kernel on S3-compatible stores: the gateway signs, replicas hold no store keys.
+
+The gateway holds the store's credentials (the environment's ``AWS_*`` variables, or the pod's identity). A
+replica holds only its kernel's *object token*, a random secret recorded with the kernel (like its etcd
+password). With it the replica asks ``POST /api/notebookos/kernels/<kernel id>/objects`` with
+``{"op": "get" | "put" | "head" | "delete", "key": "<key>"}`` and gets a URL presigned for that one operation on
+``<store>/kernels/<kernel id>/<key>``, valid for ``ObjectBroker.expires`` seconds; ``GET`` on the same path with
+``?prefix=`` lists the kernel's own keys. The bytes go between the replica and the store directly, never through
+the gateway. A token opens only its own kernel's prefix; a key that climbs out of it is refused.
+
+Why signing rather than per-kernel store users or STS session policies (docs/security.md): it needs no right to
+create identities in the store, works the same on AWS S3, MinIO, Ceph RGW and other S3-compatible stores, ends
+with the kernel (its token is gone with its record), and a leaked URL opens one key for one operation for a few
+minutes. The replica side is :mod:`jupyter_notebookos.replication.brokerfs`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import re
+from typing import Any
+
+import fsspec
+from tornado import web
+
+log = logging.getLogger(__name__)
+
+#: Keys a replica may name: the object store's own layout (buffers/xx/<digest>, checkpoints/<seq>.ckpt, deltas).
+_KEY = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+_OPS = {"get": ("GET", "get_object"), "put": ("PUT", "put_object"), "head": ("HEAD", "head_object"),
+        "delete": ("DELETE", "delete_object")}  # fmt: skip
+#: Stores whose URLs the broker can sign (fsspec protocols of s3fs).
+SIGNABLE = ("s3", "s3a")
+
+
+class ObjectBrokerError(ValueError):
+    """The object store cannot be brokered (not an S3 URL, s3fs missing)."""
+
+
+def brokered(object_store_url: str) -> bool:
+    """Whether replicas reach this store through the broker (S3-compatible stores) rather than directly."""
+    return object_store_url.split("://", 1)[0].lower() in SIGNABLE if "://" in object_store_url else False
+
+
+def valid_key(key: str) -> bool:
+    """A key relative to a kernel's prefix, with no way out of it (no ``..``, no leading ``/``)."""
+    return bool(_KEY.match(key)) and ".." not in key.split("/") and len(key) <= 512
+
+
+class ObjectBroker:
+    """Signs one kernel's object operations with the gateway's store credentials."""
+
+    def __init__(self, object_store_url: str, expires: int = 900, storage_options: dict[str, Any] | None = None):
+        if not brokered(object_store_url):
+            raise ObjectBrokerError(f"only S3-compatible stores are brokered, not {object_store_url!r}")
+        try:
+            fs, root = fsspec.core.url_to_fs(object_store_url, **(storage_options or {}))
+        except ImportError as err:
+            raise ObjectBrokerError(
+                f"the object store {object_store_url} needs s3fs in the gateway's environment (pip install "
+                f"'jupyter_notebookos[s3]'): {err}"
+            ) from None
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.expires = expires
+
+    def _path(self, kernel_id: str, key: str = "") -> str:
+        base = f"{self.root}/kernels/{kernel_id}"
+        return f"{base}/{key}" if key else base
+
+    async def sign(self, kernel_id: str, op: str, key: str) -> tuple[str, str]:
+        """(HTTP method, presigned URL) for ``op`` on the kernel's ``key`` (both already validated)."""
+        method, client_method = _OPS[op]
+        url = await asyncio.to_thread(
+            self.fs.url, self._path(kernel_id, key), expires=self.expires, client_method=client_method
+        )
+        return method, str(url)
+
+    async def list(self, kernel_id: str, prefix: str) -> list[dict[str, Any]]:
+        """The kernel's objects whose key starts with ``prefix``: key, size, modified (epoch seconds)."""
+        base = self._path(kernel_id)
+
+        def find() -> dict[str, Any]:
+            self.fs.invalidate_cache(base)
+            try:
+                return dict(self.fs.find(f"{base}/{prefix}" if prefix.endswith("/") else base, detail=True))
+            except FileNotFoundError:
+                return {}
+
+        found = await asyncio.to_thread(find)
+        objects = []
+        for path, info in sorted(found.items()):
+            key = path[len(base) + 1 :]
+            if info.get("type") == "directory" or not key.startswith(prefix):
+                continue
+            modified = info.get("LastModified")
+            objects.append(
+                {"key": key, "size": int(info.get("size", 0)), "modified": modified.timestamp() if modified else None}
+            )
+        return objects
+
+
+class ObjectBrokerHandler(web.RequestHandler):
+    """``/api/notebookos/kernels/<kernel id>/objects``: sign (POST) and list (GET) for a kernel's replicas.
+
+    Authenticated by the kernel's object token only (``Authorization: token <token>``): neither users' tokens
+    nor the admin's open it, so nothing here widens what a user could already do."""
+
+    kernel_id = ""
+
+    @property
+    def platform(self) -> Any:
+        return self.settings["notebookos_platform"]
+
+    def check_xsrf_cookie(self) -> None:
+        """A token in a header, no cookie: nothing to forge."""
+
+    def prepare(self) -> None:
+        ready = getattr(self.platform, "ready", None)
+        if ready is not None and not ready.is_set():
+            # Starting: not yet re-attached to its kernels, so it would refuse their tokens. Replicas ask again.
+            raise web.HTTPError(503, "the gateway is starting; ask again in a moment")
+        broker: ObjectBroker | None = getattr(self.platform, "object_broker", None)
+        if broker is None:
+            raise web.HTTPError(404, "this gateway does not broker object-store access (its store is not S3)")
+        self.broker = broker
+
+    def _authorize(self, kernel_id: str) -> None:
+        header = self.request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() not in ("token", "bearer") or not token.strip():
+            raise web.HTTPError(401, "send the kernel's object token: 'Authorization: token <token>'")
+        record = self.platform.kernels.get(kernel_id)
+        expected = getattr(getattr(record, "access", None), "object_token", "")
+        # One answer for an unknown kernel and a wrong token: a token cannot be used to probe for kernel ids.
+        if not expected or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+            log.warning("object broker: refused a token for kernel %s (%s)", kernel_id, self.request.remote_ip)
+            raise web.HTTPError(403, f"this token does not open the objects of kernel {kernel_id}")
+
+    async def post(self, kernel_id: str) -> None:
+        self._authorize(kernel_id)
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except ValueError:
+            raise web.HTTPError(400, 'the body must be JSON: {"op": "get", "key": "buffers/ab/..."}') from None
+        op, key = (body.get("op"), body.get("key")) if isinstance(body, dict) else (None, None)
+        if op not in _OPS:
+            raise web.HTTPError(400, f"op must be one of {sorted(_OPS)}, not {op!r}")
+        if not isinstance(key, str) or not valid_key(key):
+            raise web.HTTPError(400, f"key {key!r} is not a key of this kernel's objects (relative, no '..')")
+        method, url = await self.broker.sign(kernel_id, op, key)
+        self._json({"method": method, "url": url, "expires_in": self.broker.expires})
+
+    async def get(self, kernel_id: str) -> None:
+        self._authorize(kernel_id)
+        prefix = self.get_query_argument("prefix", "")
+        if prefix and not valid_key(prefix.rstrip("/")):
+            raise web.HTTPError(400, f"prefix {prefix!r} is not a key prefix of this kernel's objects")
+        self._json({"objects": await self.broker.list(kernel_id, prefix)})
+
+    def _json(self, payload: object) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(payload))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        reason = self._reason
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, web.HTTPError) and exc.log_message:
+            reason = exc.log_message % exc.args if exc.args else exc.log_message
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"message": reason, "reason": self._reason}))
+
+
+def broker_handlers() -> list[tuple[str, type]]:
+    """The broker's URL pattern (relative to ``base_url``)."""
+    return [(r"/api/notebookos/kernels/(?P<kernel_id>[^/]+)/objects", ObjectBrokerHandler)]
