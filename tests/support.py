@@ -34,9 +34,11 @@ __all__ = [
     "gpus_held_on",
     "jupyter_server",
     "kernel_of",
+    "kill_the_gateway",
     "platform_running",
     "processes_of",
     "replace_a_follower",
+    "run_on_replica",
     "start_etcd",
     "start_platform",
     "stop_platform",
@@ -228,3 +230,32 @@ def replace_a_follower(client: GatewayClient, kernel_id: str) -> str:
         return next(iter(new)) if len(ready) == 3 and new else None
 
     return wait_for(replaced, 90, f"a replacement replica of kernel {kernel_id}")
+
+
+def run_on_replica(conn: KernelConnection, replica: str, code: str, timeout: float = 60) -> dict[str, Any]:
+    """Run ``code`` on one replica of the kernel (the cell is pinned to it); returns the reply, which must be
+    ``ok`` and come from that replica."""
+    msg_id = conn.send(
+        "shell", "execute_request", {"code": code, "silent": False}, metadata={"notebookos": {"replica": replica}}
+    )
+    reply = conn.reply(msg_id, timeout)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert reply["metadata"]["notebookos"]["replica"] == replica, reply["metadata"]
+    return dict(reply)
+
+
+def kill_the_gateway(platform: Platform, client: GatewayClient, kernel_id: str) -> None:
+    """SIGKILL the platform's gateway and wait until its successor (``notebookos up`` starts one) lists the
+    kernel again for ``client``."""
+    import requests
+
+    gateway = next(p for p in platform.descendants() if "jupyter_notebookos.gateway" in " ".join(p.cmdline()))
+    gateway.kill()
+    gateway.wait(10)
+
+    def relisted() -> bool:
+        with contextlib.suppress(GatewayError, requests.RequestException):
+            return kernel_id in {k["id"] for k in client.request("GET", "/api/kernels", timeout=5)}
+        return False
+
+    wait_for(relisted, 60, "the restarted gateway to list the kernel")

@@ -16,7 +16,17 @@ from typing import Any
 import pytest
 import requests
 import websocket
-from support import NOTEBOOKOS, REPO, Platform, free_port, jupyter_server, start_platform, stop_platform, wait_for
+from support import (
+    NOTEBOOKOS,
+    REPO,
+    Platform,
+    free_port,
+    jupyter_server,
+    kill_the_gateway,
+    start_platform,
+    stop_platform,
+    wait_for,
+)
 
 from jupyter_notebookos.client import GatewayClient, GatewayError
 
@@ -312,16 +322,7 @@ def test_a_restarted_gateway_still_knows_who_owns_each_kernel(tmp_path: Path) ->
         kernel_id = alice.start_kernel(KERNEL)
         with alice.connect(kernel_id) as conn:
             conn.execute("kept = 'mine'")
-        gateway = next(p for p in platform.descendants() if "jupyter_notebookos.gateway" in " ".join(p.cmdline()))
-        gateway.kill()
-        gateway.wait(10)
-
-        def relisted() -> bool:
-            with contextlib.suppress(GatewayError, requests.RequestException):
-                return kernel_id in {k["id"] for k in alice.request("GET", "/api/kernels", timeout=5)}
-            return False
-
-        wait_for(relisted, 60, "the restarted gateway to list alice's kernel for her")
+        kill_the_gateway(platform, alice, kernel_id)
         assert bob.request("GET", "/api/kernels") == []
         with pytest.raises(GatewayError, match=REFUSED):
             bob.request("GET", f"/api/notebookos/kernels/{kernel_id}")

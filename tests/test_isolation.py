@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import Platform, replace_a_follower, start_platform, stop_platform, wait_for
+from support import Platform, replace_a_follower, run_on_replica, start_platform, stop_platform, wait_for
 
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
 
@@ -181,15 +181,7 @@ def test_two_kernels_past_their_first_checkpoint_each_restore_their_own_state(
             checkpoints = platform.state_dir / "objects" / "kernels" / kernel_id / "checkpoints"
             wait_for(lambda c=checkpoints: c.exists() and any(c.iterdir()), 30, f"{kernel_id}'s first checkpoint")
         for kernel_id, conn, expected in ((a, conn_a, "('A', 39)"), (b, conn_b, "('B', 139)")):
-            replica = replace_a_follower(client, kernel_id)
-            msg_id = conn.send(
-                "shell",
-                "execute_request",
-                {"code": "owner, n", "silent": False},
-                metadata={"notebookos": {"replica": replica}},
-            )
-            reply = conn.reply(msg_id, 60)
-            assert reply["content"]["status"] == "ok" and reply["metadata"]["notebookos"]["replica"] == replica
+            run_on_replica(conn, replace_a_follower(client, kernel_id), "owner, n")
             assert conn.execute("owner, n").result_text() == expected
 
 

@@ -11,9 +11,16 @@ import json
 from collections.abc import Iterator
 
 import pytest
-import requests
 from s3_store import S3Store, s3_store
-from support import Platform, replace_a_follower, start_platform, stop_platform, wait_for
+from support import (
+    Platform,
+    kill_the_gateway,
+    replace_a_follower,
+    run_on_replica,
+    start_platform,
+    stop_platform,
+    wait_for,
+)
 
 from jupyter_notebookos.client import GatewayError
 
@@ -55,16 +62,7 @@ def test_state_lives_under_the_kernels_prefix_and_a_replacement_restores_it(plat
                 lambda: [k for k in kernel_keys(store, kernel_id) if k.startswith("buffers/")], 30, "the array in S3"
             )
             assert buffers, buffers
-            replica = replace_a_follower(client, kernel_id)
-            msg_id = conn.send(
-                "shell",
-                "execute_request",
-                {"code": "float(big.sum())", "silent": False},
-                metadata={"notebookos": {"replica": replica}},
-            )
-            reply = conn.reply(msg_id, 60)
-            assert reply["content"]["status"] == "ok", reply["content"]
-            assert reply["metadata"]["notebookos"]["replica"] == replica
+            run_on_replica(conn, replace_a_follower(client, kernel_id), "float(big.sum())")
             assert conn.execute("float(big.sum())").result_text() == str(float(sum(range(1 << 20))))
     finally:
         client.shutdown_kernel(kernel_id)
@@ -146,30 +144,12 @@ def test_a_restarted_gateway_still_signs_for_the_kernels_replicas(platform: Plat
     try:
         with client.connect(kernel_id) as conn:
             assert conn.execute("import numpy as np\nbefore = np.ones(1 << 18)").status == "ok"
-        gateway = next(p for p in platform.descendants() if "jupyter_notebookos.gateway" in " ".join(p.cmdline()))
-        gateway.kill()
-        gateway.wait(10)
-
-        def relisted() -> bool:
-            with contextlib.suppress(GatewayError, requests.RequestException):
-                return kernel_id in {k["id"] for k in client.request("GET", "/api/kernels", timeout=5)}
-            return False
-
-        wait_for(relisted, 60, "the restarted gateway to list the kernel")
+        kill_the_gateway(platform, client, kernel_id)
         stored = len(kernel_keys(store, kernel_id))
         with client.connect(kernel_id) as conn:
             assert conn.execute("after = np.full(1 << 18, 3.0)", timeout=60).status == "ok"
             wait_for(lambda: len(kernel_keys(store, kernel_id)) > stored, 30, "the new array in S3")
-            replica = replace_a_follower(client, kernel_id)
-            msg_id = conn.send(
-                "shell",
-                "execute_request",
-                {"code": "float(before.sum() + after.sum())", "silent": False},
-                metadata={"notebookos": {"replica": replica}},
-            )
-            reply = conn.reply(msg_id, 60)
-            assert reply["content"]["status"] == "ok", reply["content"]
-            assert reply["metadata"]["notebookos"]["replica"] == replica
+            run_on_replica(conn, replace_a_follower(client, kernel_id), "float(before.sum() + after.sum())")
         client.shutdown_kernel(kernel_id)
         # The restarted gateway listed the store's kernel prefixes at start: deleting one still sees it.
         wait_for(lambda: not kernel_keys(store, kernel_id), 30, "the kernel's prefix to be deleted with it")

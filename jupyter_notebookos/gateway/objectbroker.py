@@ -57,7 +57,9 @@ class ObjectBroker:
         if not brokered(object_store_url):
             raise ObjectBrokerError(f"only S3-compatible stores are brokered, not {object_store_url!r}")
         try:
-            fs, root = fsspec.core.url_to_fs(object_store_url, **(storage_options or {}))
+            # Its own filesystem object: fsspec's instance cache may hold one made with other credentials.
+            options = {"skip_instance_cache": True, **(storage_options or {})}
+            fs, root = fsspec.core.url_to_fs(object_store_url, **options)
         except ImportError as err:
             raise ObjectBrokerError(
                 f"the object store {object_store_url} needs s3fs in the gateway's environment (pip install "
@@ -151,7 +153,11 @@ class ObjectBrokerHandler(web.RequestHandler):
             raise web.HTTPError(400, f"op must be one of {sorted(_OPS)}, not {op!r}")
         if not isinstance(key, str) or not valid_key(key):
             raise web.HTTPError(400, f"key {key!r} is not a key of this kernel's objects (relative, no '..')")
-        method, url = await self.broker.sign(kernel_id, op, key)
+        try:
+            method, url = await self.broker.sign(kernel_id, op, key)
+        except Exception as err:  # the gateway's store configuration (credentials, endpoint): say so
+            log.error("object broker: cannot sign for kernel %s: %s: %s", kernel_id, type(err).__name__, err)
+            raise web.HTTPError(500, f"the gateway cannot sign for its object store: {type(err).__name__}") from None
         self._json({"method": method, "url": url, "expires_in": self.broker.expires})
 
     async def get(self, kernel_id: str) -> None:
@@ -159,7 +165,12 @@ class ObjectBrokerHandler(web.RequestHandler):
         prefix = self.get_query_argument("prefix", "")
         if prefix and not valid_key(prefix.rstrip("/")):
             raise web.HTTPError(400, f"prefix {prefix!r} is not a key prefix of this kernel's objects")
-        self._json({"objects": await self.broker.list(kernel_id, prefix)})
+        try:
+            objects = await self.broker.list(kernel_id, prefix)
+        except Exception as err:  # the store did not answer the gateway, or refused its credentials
+            log.error("object broker: cannot list for kernel %s: %s: %s", kernel_id, type(err).__name__, err)
+            raise web.HTTPError(502, f"the object store did not answer the gateway: {type(err).__name__}") from None
+        self._json({"objects": objects})
 
     def _json(self, payload: object) -> None:
         self.set_header("Content-Type", "application/json")

@@ -22,15 +22,18 @@ from jupyter_notebookos.replication.objectstore import BufferCorruptError, Objec
 
 @pytest.fixture(scope="module")
 def store() -> Iterator[S3Store]:
+    import s3fs
+
     with s3_store() as started:
+        # fsspec keeps filesystems by their arguments: one made before (other tests' gateways, without this
+        # store's address in the environment) must not be reused for this store, nor ours after it.
+        s3fs.S3FileSystem.clear_instance_cache()
         old = {k: os.environ.get(k) for k in started.env()}
         os.environ.update(started.env())  # the gateway's environment: its broker signs with these keys
         try:
             yield started
         finally:
-            import s3fs
-
-            s3fs.S3FileSystem.clear_instance_cache()  # fsspec keeps filesystems made for this store's address
+            s3fs.S3FileSystem.clear_instance_cache()
             for key, value in old.items():
                 if value is None:
                     os.environ.pop(key, None)
