@@ -88,9 +88,10 @@ class BrokerServer:
         self.platform.loop.call_soon_threadsafe(self.platform.loop.stop)
 
 
-def serve_broker(store_url: str, kernel_id: str, port: int, *, ready: bool = True) -> BrokerServer:
-    """Serve ``ObjectBrokerHandler`` with a real ``ObjectBroker`` for ``store_url`` on 127.0.0.1:``port``, as a
-    gateway with one kernel, ``kernel_id``, does (``ready=False``: a gateway still starting)."""
+def serve_broker(store_url: str, kernel_id: str, port: int, *, ready: bool = True, expires: int = 900) -> BrokerServer:
+    """Serve the gateway's broker handlers with the real broker for ``store_url`` (S3, or a ``file://`` store it
+    serves itself) on 127.0.0.1:``port``, as a gateway with one kernel, ``kernel_id``, does (``ready=False``: a
+    gateway still starting)."""
     import asyncio
     import threading
     from types import SimpleNamespace
@@ -99,9 +100,10 @@ def serve_broker(store_url: str, kernel_id: str, port: int, *, ready: bool = Tru
     from tornado.web import Application
 
     from jupyter_notebookos.gateway.access import KernelAccess
-    from jupyter_notebookos.gateway.objectbroker import ObjectBroker, broker_handlers
+    from jupyter_notebookos.gateway.objectbroker import broker_handlers, make_broker
 
     access = KernelAccess(kernel_id)
+    url = f"http://127.0.0.1:{port}/api/notebookos/kernels"
     platform = SimpleNamespace(
         object_broker=None, kernels={kernel_id: SimpleNamespace(access=access)}, loop=None, server=None
     )
@@ -114,7 +116,7 @@ def serve_broker(store_url: str, kernel_id: str, port: int, *, ready: bool = Tru
         platform.ready = asyncio.Event()
         if ready:
             platform.ready.set()
-        platform.object_broker = ObjectBroker(store_url)
+        platform.object_broker = make_broker(store_url, url, expires)
         platform.server = HTTPServer(Application(broker_handlers(), notebookos_platform=platform))
         platform.server.listen(port, "127.0.0.1")
         started.set()
@@ -123,4 +125,4 @@ def serve_broker(store_url: str, kernel_id: str, port: int, *, ready: bool = Tru
     threading.Thread(target=serve, daemon=True, name=f"broker-{port}").start()
     if not started.wait(30):
         raise RuntimeError("the object broker did not start")
-    return BrokerServer(f"http://127.0.0.1:{port}/api/notebookos/kernels", access.object_token, platform)
+    return BrokerServer(url, access.object_token, platform)

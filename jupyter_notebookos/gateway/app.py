@@ -210,6 +210,17 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         scheme = "https" if self.certfile else "http"
         return f"{scheme}://{host}:{self.port}" + url_path_join("/", self.base_url, "/api/notebookos/kernels")
 
+    object_store_access = Enum(
+        ["auto", "broker", "direct"],
+        "auto",
+        config=True,
+        help="How replicas reach the object store. broker: through URLs this gateway signs for their own kernel's "
+        "prefix, holding no store credentials (an S3 store: presigned URLs, bytes go to the store directly; a "
+        "file:// store: this gateway's own data endpoint, bytes pass through it; for kernels in a namespace that "
+        "cannot mount the store's volume). direct: replicas open the store URL themselves (file:// stores on "
+        "this machine, with per-kernel directories). auto: broker for S3 stores, direct otherwise.",
+    )
+
     object_url_expires = Integer(
         900,
         config=True,
@@ -348,6 +359,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         if not 60 <= self.object_url_expires <= 43200:
             raise ValueError(f"object_url_expires={self.object_url_expires}: give 60 to 43200 seconds")
         self.platform.object_broker_url = self.object_broker_url
+        self.platform.object_store_access = self.object_store_access
         self.platform.object_url_expires = self.object_url_expires
 
     def _init_kubernetes(self, scheduler: Scheduler) -> None:

@@ -12,16 +12,30 @@ Why signing rather than per-kernel store users or STS session policies (docs/sec
 create identities in the store, works the same on AWS S3, MinIO, Ceph RGW and other S3-compatible stores, ends
 with the kernel (its token is gone with its record), and a leaked URL opens one key for one operation for a few
 minutes. The replica side is :mod:`jupyter_notebookos.replication.brokerfs`.
+
+A ``file://`` store the gateway mounts (a Kubernetes volume claim that kernels in another namespace cannot mount)
+can be brokered too (``NotebookOSGatewayApp.object_store_access = "broker"``): :class:`LocalObjectBroker` signs
+URLs of the gateway's own ``.../objects/data/<key>`` endpoint (:class:`ObjectDataHandler`, an HMAC over the
+operation, kernel, key and expiry with a secret of this gateway process), and the bytes then pass through the
+gateway, streamed to and from the volume.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import logging
+import os
 import re
+import secrets
+import time
+import uuid
+from email.utils import formatdate
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import fsspec
 from tornado import web
@@ -105,6 +119,72 @@ class ObjectBroker:
         return objects
 
 
+class LocalObjectBroker:
+    """Signs one kernel's object operations on a ``file://`` store as URLs of this gateway's data endpoint."""
+
+    def __init__(self, object_store_url: str, public_url: str, expires: int = 900) -> None:
+        if not object_store_url.startswith("file://"):
+            raise ObjectBrokerError(f"the gateway serves file:// stores itself, not {object_store_url!r}")
+        if not public_url:
+            raise ObjectBrokerError("set NotebookOSGatewayApp.object_broker_url: replicas reach the store through it")
+        self.root = Path(object_store_url[len("file://") :])
+        self.public_url = public_url.rstrip("/")
+        self.expires = expires
+        self._secret = secrets.token_bytes(32)  # this process's: a URL is used at once, never across a restart
+
+    def path(self, kernel_id: str, key: str = "") -> Path:
+        base = self.root / "kernels" / kernel_id
+        return base / key if key else base
+
+    def signature(self, method: str, kernel_id: str, key: str, expires: int) -> str:
+        message = f"{method}\n{kernel_id}\n{key}\n{expires}".encode()
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+
+    def verify(self, method: str, kernel_id: str, key: str, expires: str, signature: str) -> bool:
+        """Whether a data request carries this gateway's signature for exactly this operation, still valid."""
+        if not expires.isdigit() or int(expires) < time.time():
+            return False
+        return hmac.compare_digest(signature.encode(), self.signature(method, kernel_id, key, int(expires)).encode())
+
+    async def sign(self, kernel_id: str, op: str, key: str) -> tuple[str, str]:
+        method = _OPS[op][0]
+        expires = int(time.time()) + self.expires
+        query = f"expires={expires}&signature={self.signature(method, kernel_id, key, expires)}"
+        return method, f"{self.public_url}/{quote(kernel_id, safe='')}/objects/data/{quote(key)}?{query}"
+
+    async def list(self, kernel_id: str, prefix: str) -> list[dict[str, Any]]:
+        base = self.path(kernel_id)
+
+        def walk() -> list[dict[str, Any]]:
+            found = []
+            for folder, _, files in os.walk(base):
+                for name in files:
+                    path = Path(folder) / name
+                    key = path.relative_to(base).as_posix()
+                    if not key.startswith(prefix) or ".tmp-" in name:
+                        continue
+                    try:
+                        stat = path.stat()
+                    except FileNotFoundError:
+                        continue
+                    found.append({"key": key, "size": stat.st_size, "modified": stat.st_mtime})
+            return sorted(found, key=lambda o: str(o["key"]))
+
+        return await asyncio.to_thread(walk)
+
+
+def wants_broker(access: str, object_store_url: str) -> bool:
+    """Whether replicas reach the store through the gateway: ``broker``, ``direct``, or ``auto`` (S3 stores)."""
+    return access == "broker" or (access == "auto" and brokered(object_store_url))
+
+
+def make_broker(object_store_url: str, public_url: str, expires: int) -> ObjectBroker | LocalObjectBroker:
+    """The broker for this store: presigned S3 URLs, or the gateway's own data endpoint for a ``file://`` store."""
+    if brokered(object_store_url):
+        return ObjectBroker(object_store_url, expires=expires)
+    return LocalObjectBroker(object_store_url, public_url, expires=expires)
+
+
 class ObjectBrokerHandler(web.RequestHandler):
     """``/api/notebookos/kernels/<kernel id>/objects``: sign (POST) and list (GET) for a kernel's replicas.
 
@@ -125,7 +205,7 @@ class ObjectBrokerHandler(web.RequestHandler):
         if ready is not None and not ready.is_set():
             # Starting: not yet re-attached to its kernels, so it would refuse their tokens. Replicas ask again.
             raise web.HTTPError(503, "the gateway is starting; ask again in a moment")
-        broker: ObjectBroker | None = getattr(self.platform, "object_broker", None)
+        broker: ObjectBroker | LocalObjectBroker | None = getattr(self.platform, "object_broker", None)
         if broker is None:
             raise web.HTTPError(404, "this gateway does not broker object-store access (its store is not S3)")
         self.broker = broker
@@ -186,6 +266,92 @@ class ObjectBrokerHandler(web.RequestHandler):
         self.finish(json.dumps({"message": reason, "reason": self._reason}))
 
 
+_MAX_OBJECT = 64 << 30  # what one PUT of the data endpoint may carry (a checkpoint of a large notebook)
+
+
+@web.stream_request_body
+class ObjectDataHandler(web.RequestHandler):
+    """``/api/notebookos/kernels/<id>/objects/data/<key>?expires=&signature=``: one object of a ``file://`` store
+    the gateway brokers, for a URL :class:`LocalObjectBroker` signed (GET, HEAD, PUT, DELETE). A PUT is
+    streamed to a temporary file and renamed into place: the object appears whole or not at all."""
+
+    _tmp: Any = None
+    _tmp_path: Path | None = None
+
+    def check_xsrf_cookie(self) -> None:
+        """The signature in the URL is the credential: nothing to forge."""
+
+    def prepare(self) -> None:
+        broker = getattr(self.settings["notebookos_platform"], "object_broker", None)
+        if not isinstance(broker, LocalObjectBroker):
+            raise web.HTTPError(404, "this gateway serves no object store itself")
+        kernel_id, key = self.path_kwargs["kernel_id"], self.path_kwargs["key"]
+        if not valid_key(key):
+            raise web.HTTPError(400, f"key {key!r} is not a key of a kernel's objects")
+        expires, signature = self.get_query_argument("expires", ""), self.get_query_argument("signature", "")
+        if not broker.verify(self.request.method or "", kernel_id, key, expires, signature):
+            raise web.HTTPError(403, "this URL is not signed for this operation, or it expired: ask for a new one")
+        self.target = broker.path(kernel_id, key)
+        if self.request.method == "PUT":
+            connection: Any = self.request.connection  # an HTTP1Connection while the body streams in
+            connection.set_max_body_size(_MAX_OBJECT)
+            self.target.parent.mkdir(parents=True, exist_ok=True)
+            self._tmp_path = self.target.with_name(f"{self.target.name}.tmp-{uuid.uuid4().hex}")
+            self._tmp = open(self._tmp_path, "wb")  # noqa: SIM115 (closed in put or on_finish)
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._tmp is not None:
+            self._tmp.write(chunk)
+
+    def put(self, kernel_id: str, key: str) -> None:
+        assert self._tmp is not None and self._tmp_path is not None
+        self._tmp.close()
+        os.replace(self._tmp_path, self.target)
+        self._tmp_path = None
+        self.set_status(200)
+
+    def head(self, kernel_id: str, key: str) -> None:
+        stat = self._stat()
+        self.set_header("Content-Length", str(stat.st_size))
+        self.set_header("Last-Modified", formatdate(stat.st_mtime, usegmt=True))
+
+    async def get(self, kernel_id: str, key: str) -> None:
+        stat = self._stat()
+        self.set_header("Content-Type", "application/octet-stream")
+        self.set_header("Content-Length", str(stat.st_size))
+        self.set_header("Last-Modified", formatdate(stat.st_mtime, usegmt=True))
+        with open(self.target, "rb") as f:
+            while chunk := f.read(1 << 20):
+                self.write(chunk)
+                await self.flush()
+
+    def delete(self, kernel_id: str, key: str) -> None:
+        self.target.unlink(missing_ok=True)
+        self.set_status(204)
+
+    def _stat(self) -> os.stat_result:
+        try:
+            return self.target.stat()
+        except FileNotFoundError:
+            raise web.HTTPError(404, "no such object") from None
+
+    def on_finish(self) -> None:
+        self._discard()
+
+    def on_connection_close(self) -> None:
+        self._discard()
+
+    def _discard(self) -> None:
+        if self._tmp is not None and not self._tmp.closed:
+            self._tmp.close()
+        if self._tmp_path is not None:
+            self._tmp_path.unlink(missing_ok=True)
+            self._tmp_path = None
+
+
 def broker_handlers() -> list[tuple[str, type]]:
-    """The broker's URL pattern (relative to ``base_url``)."""
-    return [(r"/api/notebookos/kernels/(?P<kernel_id>[^/]+)/objects", ObjectBrokerHandler)]
+    """The broker's URL patterns (relative to ``base_url``)."""
+    return [
+        (r"/api/notebookos/kernels/(?P<kernel_id>[^/]+)/objects", ObjectBrokerHandler),
+        (r"/api/notebookos/kernels/(?P<kernel_id>[^/]+)/objects/data/(?P<key>.+)", ObjectDataHandler),
+    ]

@@ -28,7 +28,7 @@ from jupyter_notebookos.gateway.events import EventLog
 from jupyter_notebookos.gateway.ledger import LedgerReleases
 from jupyter_notebookos.gateway.metrics import PlatformMetrics
 from jupyter_notebookos.gateway.migration import MigrationRunner
-from jupyter_notebookos.gateway.objectbroker import ObjectBroker, brokered
+from jupyter_notebookos.gateway.objectbroker import LocalObjectBroker, ObjectBroker, make_broker, wants_broker
 from jupyter_notebookos.gateway.planner import CellPlanning
 from jupyter_notebookos.gateway.reattach import Reattachment
 from jupyter_notebookos.gateway.reconcile import DEFAULT_RECONCILE_INTERVAL, LedgerReconciler
@@ -132,7 +132,8 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         self.access: KernelAccessManager | None = None
         # S3-compatible stores: the gateway signs its kernels' object operations (replicas hold no store keys);
         # ``object_broker_url`` is where replicas reach it (the app sets it). None: replicas open the store.
-        self.object_broker: ObjectBroker | None = None
+        self.object_broker: ObjectBroker | LocalObjectBroker | None = None
+        self.object_store_access = "auto"  # auto (S3 stores brokered), broker, direct
         self.object_broker_url = ""
         self.object_url_expires = 900
         # Set once start() is done: the HTTP server listens while start() runs (EG binds it first), so a kernel
@@ -181,8 +182,8 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         self.access = KernelAccessManager(
             self.coordinator, self.object_store_url, etcd_auth=self.etcd_credentials is not None
         )
-        if brokered(self.object_store_url) and self.object_broker is None:
-            self.object_broker = ObjectBroker(self.object_store_url, expires=self.object_url_expires)
+        if self.object_broker is None and wants_broker(self.object_store_access, self.object_store_url):
+            self.object_broker = make_broker(self.object_store_url, self.object_broker_url, self.object_url_expires)
         self.ledger = LedgerReleases(self.coordinator)
         for host in self.hosts.values():
             record = {

@@ -134,9 +134,23 @@ def test_kernelspec_config_map_is_the_notebookos_kernelspec() -> None:
     } in mounts
 
 
-def test_object_store_is_an_rwx_claim_or_s3_with_a_secret() -> None:
-    (claim,) = by_kind(render(None), "PersistentVolumeClaim")
+def test_object_store_is_a_claim_or_s3_with_a_secret() -> None:
+    # By default kernels run in a namespace of their own: the claim is the gateway's alone (in the release
+    # namespace), and replicas reach their objects through the gateway's object broker.
+    docs = render(None)
+    (claim,) = by_kind(docs, "PersistentVolumeClaim")
+    assert claim["metadata"]["namespace"] == "notebookos" and claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    config = gateway_config(docs)
+    assert config["NotebookOSGatewayApp"]["object_store_access"] == "broker"
+    assert config["KubernetesLauncher"]["object_store_claim"] == ""
+    assert config["KubernetesLauncher"]["namespace"] == "notebookos-kernels"
+    # Kernels in the release namespace mount the claim themselves: it must be ReadWriteMany.
+    shared = render({"kernelNamespace": "notebookos"})
+    (claim,) = by_kind(shared, "PersistentVolumeClaim")
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    config = gateway_config(shared)
+    assert "object_store_access" not in config["NotebookOSGatewayApp"]
+    assert config["KubernetesLauncher"]["object_store_claim"] == "nbos-notebookos-object-store"
     docs = render(GPU_VALUES)
     assert by_kind(docs, "PersistentVolumeClaim") == [] and by_kind(docs, "StatefulSet") == []
     container = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
@@ -157,7 +171,6 @@ def test_placeholder_priority_class_triggers_scale_up() -> None:
     [
         ({"etcd": {"enabled": False}}, "etcd.external.endpoints is required"),
         ({"objectStore": {"type": "s3"}}, "objectStore.s3.url is required"),
-        ({"kernelNamespace": "elsewhere"}, "objectStore.type=pvc needs kernelNamespace"),
     ],
 )
 def test_inconsistent_values_fail_with_a_message(values: dict[str, Any], message: str) -> None:
@@ -330,6 +343,8 @@ RELEASE_SPECIFIC = {
     ("KubernetesLauncher", "etcd_endpoints"): "the release's etcd",
     ("KubernetesLauncher", "object_store_url"): "the release's store",
     ("KubernetesLauncher", "object_store_claim"): "the release's claim",
+    ("NotebookOSGatewayApp", "object_broker_url"): "the release's gateway Service: replicas ask it to sign",
+    ("NotebookOSGatewayApp", "object_store_access"): "kernels in their own namespace cannot mount the claim",
     ("KubernetesLauncher", "image"): "the release's kernel image",
     ("KubernetesLauncher", "namespace"): "the release's kernel namespace",
     ("KubernetesLauncher", "service_account"): "the release's replica service account",

@@ -141,7 +141,12 @@ async def test_the_kernelspec_config_and_kernel_variables_reach_locked_down_pods
         hmac_key = secret["stringData"][protocol.ENV_KEY]
         assert env[protocol.ENV_KEY]["secretKeyRef"]["key"] == protocol.ENV_KEY and hmac_key not in json.dumps(pod)
         assert TOKEN not in json.dumps(pod)
-        assert env[protocol.ENV_OBJECT_STORE_URL].endswith(f"/kernels/{kernel_id}")
+        # Kernels in their own namespace (the chart's default) cannot mount the release's claim: they reach their
+        # objects through the gateway's broker, with their kernel's object token (by reference) and no volume.
+        assert env[protocol.ENV_OBJECT_STORE_URL] == f"notebookos-broker://{kernel_id}"
+        assert env[protocol.ENV_OBJECT_BROKER_URL].endswith("/api/notebookos/kernels")
+        assert env[protocol.ENV_OBJECT_BROKER_TOKEN]["secretKeyRef"]["name"] == kernel_secret_name(kernel_id)
+        assert "persistentVolumeClaim" not in json.dumps(pod["spec"].get("volumes", []))
     # Deleting the kernel deletes its pods and its Secret.
     await _call(gateway, "DELETE", f"/api/kernels/{kernel_id}")
     await until(lambda: not cluster.pods(f"kernel_id={kernel_id}") and not cluster.secrets(f"kernel_id={kernel_id}"))

@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from s3_store import S3Store, s3_store, serve_broker
@@ -118,3 +119,40 @@ def test_a_gateway_that_stays_away_fails_the_operation_after_the_wait(store: S3S
     with pytest.raises(ObjectStoreUnreachable, match="did not answer for 1 s"):
         objects.put_buffer(b"x" * 100)
     assert time.monotonic() - began < 10
+
+
+def test_the_gateways_own_data_urls_open_one_operation_on_one_key_until_they_expire(tmp_path: Path) -> None:
+    """A file:// store the gateway serves itself (kernels that cannot mount its volume): the bytes pass through
+    the gateway, and each URL it signs opens one operation on one key for a while."""
+    import urllib3
+
+    kernel_id = str(uuid.uuid4())
+    broker = serve_broker(f"file://{tmp_path}/store", kernel_id, free_port(), expires=2)
+    try:
+        objects = brokered(kernel_id, broker.url, broker.token)
+        data = os.urandom(5 << 20)
+        ref = objects.put_buffer(data)
+        assert objects.get_buffer(ref) == data and objects.exists(ref.key)
+        assert (tmp_path / "store" / "kernels" / kernel_id / ref.key).read_bytes() == data
+        assert list(objects.buffer_keys()) == [ref.key]
+        assert not list((tmp_path / "store").rglob("*.tmp-*")), "a finished upload leaves no temporary file"
+
+        http = urllib3.PoolManager()
+        answer = http.request(
+            "POST",
+            f"{broker.url}/{kernel_id}/objects",
+            json={"op": "get", "key": ref.key},
+            headers={"Authorization": f"token {broker.token}"},
+        ).json()
+        assert answer["method"] == "GET" and http.request("GET", answer["url"]).data == data
+        other = ObjectStore.buffer_key("ab" * 32)
+        assert http.request("DELETE", answer["url"]).status == 403, "signed for GET, not DELETE"
+        assert http.request("GET", answer["url"].replace(ref.key, other)).status == 403, "signed for one key"
+        unsigned = answer["url"].split("?")[0]
+        assert http.request("GET", unsigned).status == 403
+        time.sleep(3)
+        assert http.request("GET", answer["url"]).status == 403, "expired"
+        objects.delete(ref.key)
+        assert not objects.exists(ref.key)
+    finally:
+        broker.stop()

@@ -23,15 +23,21 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/* Namespace of replica and placeholder pods. Empty kernelNamespace: "<release namespace>-kernels", a namespace of
-their own (labelled for Pod Security Admission "restricted"), except with objectStore.type=pvc, whose one claim the
-gateway and the replicas share and which therefore cannot leave the release namespace. */}}
+their own (labelled for Pod Security Admission "restricted"). */}}
 {{- define "notebookos.kernelNamespace" -}}
 {{- if .Values.kernelNamespace -}}
 {{- .Values.kernelNamespace -}}
-{{- else if eq .Values.objectStore.type "pvc" -}}
-{{- .Release.Namespace -}}
 {{- else -}}
 {{- printf "%s-kernels" .Release.Namespace | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when replicas reach the object store only through the gateway's object broker (URLs it signs for their
+own kernel's prefix): always for S3; for the pvc store when kernels run in another namespace than the claim's (the
+gateway then serves the claim's files itself). Empty: replicas mount the claim. */}}
+{{- define "notebookos.objectStoreBrokered" -}}
+{{- if or (eq .Values.objectStore.type "s3") (ne (include "notebookos.kernelNamespace" .) .Release.Namespace) -}}
+true
 {{- end -}}
 {{- end -}}
 

@@ -108,6 +108,11 @@ def replica_selector(kernel_id: str | None = None) -> str:
 # --- pods ---------------------------------------------------------------------------------------------------
 
 
+def _brokered(spec: ReplicaSpec) -> bool:
+    """Whether the replica reaches its objects through the gateway's object broker (no store access of its own)."""
+    return spec.env.get(protocol.ENV_OBJECT_STORE_URL, "").startswith(f"{BROKER_PROTOCOL}://")
+
+
 def _replica_env(spec: ReplicaSpec, request: ReplicaPodRequest, settings: PodSettings) -> list[dict[str, Any]]:
     ours: dict[str, str] = {
         protocol.ENV_KERNEL_ID: spec.kernel_id,
@@ -127,8 +132,8 @@ def _replica_env(spec: ReplicaSpec, request: ReplicaPodRequest, settings: PodSet
     # the addresses as seen from replica pods (an empty setting must not blank the platform's).
     if settings.etcd_endpoints:
         ours[protocol.ENV_ETCD_ENDPOINTS] = settings.etcd_endpoints
-    # A brokered store (S3: the gateway signs each object operation) needs no store address or keys in the pod.
-    brokered = spec.env.get(protocol.ENV_OBJECT_STORE_URL, "").startswith(f"{BROKER_PROTOCOL}://")
+    # A brokered store (the gateway signs each object operation) needs no store address, keys or volume in the pod.
+    brokered = _brokered(spec)
     if settings.object_store_url and not brokered:
         ours[protocol.ENV_OBJECT_STORE_URL] = kernel_store_url(settings.object_store_url, spec.kernel_id)
     if settings.object_store_endpoint_url and not brokered:
@@ -346,7 +351,8 @@ def make_replica_pod(
 
     volumes = [dict(v) for v in request.volumes]
     mounts = [dict(m) for m in request.volume_mounts]
-    if settings.object_store_claim:
+    brokered = _brokered(spec)
+    if settings.object_store_claim and not brokered:
         volumes.append(
             {"name": OBJECT_STORE_VOLUME, "persistentVolumeClaim": {"claimName": settings.object_store_claim}}
         )
@@ -364,9 +370,7 @@ def make_replica_pod(
         "env": _replica_env(spec, request, settings),
         "securityContext": dict(RESTRICTED_CONTAINER_SECURITY),
     }
-    if settings.object_store_secret and not spec.env.get(protocol.ENV_OBJECT_STORE_URL, "").startswith(
-        f"{BROKER_PROTOCOL}://"
-    ):
+    if settings.object_store_secret and not brokered:
         container["envFrom"] = [{"secretRef": {"name": settings.object_store_secret}}]
     if resources:
         container["resources"] = resources

@@ -1,17 +1,20 @@
-"""An S3-compatible object store: the gateway holds the store's keys and signs each replica's object operations
-for its own kernel's prefix; replicas hold no store credentials (jupyter_notebookos/gateway/objectbroker.py).
+"""Object stores the gateway brokers: replicas hold no store credentials, only their kernel's object token, and
+the gateway signs each object operation for that kernel's own prefix (jupyter_notebookos/gateway/objectbroker.py).
 
-The store is moto's S3 server with IAM auth on (tests/s3_store.py); the gateway, etcd and the replicas are real.
+Two stores: an S3-compatible one (moto's S3 server with IAM auth on, tests/s3_store.py: presigned URLs, bytes go
+to the store directly) and the platform's own file:// store served by the gateway (`object_store_access=broker`,
+as for kernels in a namespace that cannot mount the store's volume). The gateway, etcd and replicas are real.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import pytest
-from s3_store import S3Store, s3_store
+from s3_store import s3_store
 from support import (
     Platform,
     kill_the_gateway,
@@ -28,45 +31,62 @@ KERNEL = "python3-notebookos"
 PREFIX = "platform"
 
 
-@pytest.fixture(scope="module")
-def store() -> Iterator[S3Store]:
-    with s3_store() as started:
-        yield started
+@dataclass
+class Brokered:
+    platform: Platform
+    keys: Callable[[str], list[str]]  # a kernel's keys in the store, as its administrator sees them
+    unsigned_url: Callable[[str, str], str]  # where a kernel's object could be read without a signature
 
 
-@pytest.fixture(scope="module")
-def platform(store: S3Store, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    up = start_platform(
-        tmp_path_factory.mktemp("s3") / "state", "--hosts", "3", "--gpus-per-host", "2",
-        "--gateway-option", f"NotebookOSGatewayApp.object_store_url=s3://{store.bucket}/{PREFIX}",
-        env=store.env(),
-    )  # fmt: skip
-    try:
-        yield up
-    finally:
-        stop_platform(up)
+@pytest.fixture(scope="module", params=["s3", "file"])
+def brokered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokered]:
+    with contextlib.ExitStack() as stack:
+        state_dir = tmp_path_factory.mktemp(request.param) / "state"
+        args = ["--hosts", "3", "--gpus-per-host", "2"]
+        if request.param == "s3":
+            store = stack.enter_context(s3_store())
+            args += ["--gateway-option", f"NotebookOSGatewayApp.object_store_url=s3://{store.bucket}/{PREFIX}"]
+            up = start_platform(state_dir, *args, env=store.env())
+            stack.callback(stop_platform, up)
+
+            def base(kernel_id: str) -> str:
+                return f"{store.bucket}/{PREFIX}/kernels/{kernel_id}"
+
+            yield Brokered(
+                up,
+                lambda k: [path[len(base(k)) + 1 :] for path in store.fs().find(base(k))],
+                lambda k, key: f"{store.endpoint}/{base(k)}/{key}",
+            )
+            return
+        up = start_platform(state_dir, *args, "--gateway-option", "NotebookOSGatewayApp.object_store_access=broker")
+        stack.callback(stop_platform, up)
+        root = up.state_dir / "objects" / "kernels"
+        yield Brokered(
+            up,
+            lambda k: sorted(
+                f.relative_to(root / k).as_posix()
+                for f in (root / k).rglob("*")
+                if f.is_file() and ".tmp-" not in f.name
+            ),
+            lambda k, key: f"{up.url}/api/notebookos/kernels/{k}/objects/data/{key}",
+        )
 
 
-def kernel_keys(store: S3Store, kernel_id: str) -> list[str]:
-    base = f"{store.bucket}/{PREFIX}/kernels/{kernel_id}"
-    return [path[len(base) + 1 :] for path in store.fs().find(base)]
-
-
-def test_state_lives_under_the_kernels_prefix_and_a_replacement_restores_it(platform: Platform, store: S3Store) -> None:
-    client = platform.client
+def test_state_lives_under_the_kernels_prefix_and_a_replacement_restores_it(brokered: Brokered) -> None:
+    client = brokered.platform.client
     kernel_id = client.start_kernel(KERNEL)
     try:
         with client.connect(kernel_id) as conn:
             assert conn.execute("import numpy as np\nbig = np.arange(1 << 20, dtype=np.float64)").status == "ok"
             buffers = wait_for(
-                lambda: [k for k in kernel_keys(store, kernel_id) if k.startswith("buffers/")], 30, "the array in S3"
+                lambda: [k for k in brokered.keys(kernel_id) if k.startswith("buffers/")], 30, "the array in the store"
             )
             assert buffers, buffers
             run_on_replica(conn, replace_a_follower(client, kernel_id), "float(big.sum())")
             assert conn.execute("float(big.sum())").result_text() == str(float(sum(range(1 << 20))))
     finally:
         client.shutdown_kernel(kernel_id)
-    wait_for(lambda: not kernel_keys(store, kernel_id), 30, "the kernel's prefix to be deleted with it")
+    wait_for(lambda: not brokered.keys(kernel_id), 30, "the kernel's prefix to be deleted with it")
 
 
 ATTACK = """
@@ -97,24 +117,20 @@ _out = {
 """
 
 
-def test_a_kernel_holds_no_store_keys_and_cannot_reach_another_kernels_objects(
-    platform: Platform, store: S3Store
-) -> None:
-    client = platform.client
+def test_a_kernel_holds_no_store_keys_and_cannot_reach_another_kernels_objects(brokered: Brokered) -> None:
+    client = brokered.platform.client
     victim, attacker = client.start_kernel(KERNEL), client.start_kernel(KERNEL)
     try:
         with client.connect(victim) as conn_v, client.connect(attacker) as conn_a:
             assert conn_v.execute("import numpy as np\nsecret = np.full(1 << 18, 7.0)").status == "ok"
             key = wait_for(
-                lambda: next((k for k in kernel_keys(store, victim) if k.startswith("buffers/")), None),
+                lambda: next((k for k in brokered.keys(victim) if k.startswith("buffers/")), None),
                 30,
-                "the victim's array in S3",
+                "the victim's array in the store",
             )
             code = (
                 f"VICTIM, VICTIM_KEY = {victim!r}, {key!r}\n"
-                f"STORE_URL = {store.endpoint + f'/{store.bucket}/{PREFIX}/kernels/{victim}/{key}'!r}\n"
-                + ATTACK
-                + "\nprint(json.dumps(_out))"
+                f"STORE_URL = {brokered.unsigned_url(victim, key)!r}\n" + ATTACK + "\nprint(json.dumps(_out))"
             )
             result = conn_a.execute(code, timeout=60)
             assert result.status == "ok", result.reply["content"]
@@ -136,23 +152,23 @@ def test_a_kernel_holds_no_store_keys_and_cannot_reach_another_kernels_objects(
                 client.shutdown_kernel(kernel_id)
 
 
-def test_a_restarted_gateway_still_signs_for_the_kernels_replicas(platform: Platform, store: S3Store) -> None:
+def test_a_restarted_gateway_still_signs_for_the_kernels_replicas(brokered: Brokered) -> None:
     """The object token is recorded with the kernel: after a gateway crash, the replicas that kept running still
     store and read their buffers, and a replacement restores them."""
-    client = platform.client
+    platform, client = brokered.platform, brokered.platform.client
     kernel_id = client.start_kernel(KERNEL)
     try:
         with client.connect(kernel_id) as conn:
             assert conn.execute("import numpy as np\nbefore = np.ones(1 << 18)").status == "ok"
         kill_the_gateway(platform, client, kernel_id)
-        stored = len(kernel_keys(store, kernel_id))
+        stored = len(brokered.keys(kernel_id))
         with client.connect(kernel_id) as conn:
             assert conn.execute("after = np.full(1 << 18, 3.0)", timeout=60).status == "ok"
-            wait_for(lambda: len(kernel_keys(store, kernel_id)) > stored, 30, "the new array in S3")
+            wait_for(lambda: len(brokered.keys(kernel_id)) > stored, 30, "the new array in the store")
             run_on_replica(conn, replace_a_follower(client, kernel_id), "float(before.sum() + after.sum())")
         client.shutdown_kernel(kernel_id)
         # The restarted gateway listed the store's kernel prefixes at start: deleting one still sees it.
-        wait_for(lambda: not kernel_keys(store, kernel_id), 30, "the kernel's prefix to be deleted with it")
+        wait_for(lambda: not brokered.keys(kernel_id), 30, "the kernel's prefix to be deleted with it")
     finally:
         with contextlib.suppress(GatewayError):
             client.shutdown_kernel(kernel_id)
