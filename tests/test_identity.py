@@ -104,9 +104,11 @@ def test_every_route_enterprise_gateway_guards_identifies_users() -> None:
         for pattern, cls, *_ in handlers
         if "/api/notebookos/" in pattern or pattern.endswith(("/metrics", "/notebookos/"))  # API, dashboard page
     ]
-    # Every one identifies users, but the object broker: kernels' replicas reach it with their object token only.
-    assert len(ours) == 7 and [cls.__name__ for cls in ours if not issubclass(cls, IdentifiedHandlerMixin)] == [
-        "ObjectBrokerHandler"
+    # Every one identifies users, but the object broker's: replicas reach it with their kernel's object token
+    # (signing), then with the URL it signed (the data of a store the gateway serves itself).
+    assert len(ours) == 8 and [cls.__name__ for cls in ours if not issubclass(cls, IdentifiedHandlerMixin)] == [
+        "ObjectBrokerHandler",
+        "ObjectDataHandler",
     ]
 
 
