@@ -196,7 +196,8 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
 
     object_broker_url = Unicode(
         config=True,
-        help="S3-compatible object stores: the URL at which replicas reach this gateway's object broker, ending in "
+        help="Brokered object stores (object_store_access): the URL at which replicas reach this gateway's object "
+        "broker, ending in "
         "/api/notebookos/kernels (replicas get signed URLs for their own kernel's objects there and hold no store "
         "keys). Default: this gateway's own address (127.0.0.1 when it listens on every interface); on Kubernetes "
         "the chart sets the gateway Service's. Env: NOTEBOOKOS_OBJECT_BROKER_URL.",
@@ -224,7 +225,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
     object_url_expires = Integer(
         900,
         config=True,
-        help="Seconds a signed object-store URL stays valid (S3-compatible stores; 60-43200).",
+        help="Seconds a URL the object broker signs stays valid (brokered stores; 60-43200).",
     )
 
     ledger_reconcile_interval = Float(
@@ -355,7 +356,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         self._configure_object_broker()
 
     def _configure_object_broker(self) -> None:
-        """Where replicas reach the object broker and for how long its URLs hold (S3-compatible stores)."""
+        """How replicas reach the object store, where they find the broker and how long its URLs hold."""
         if not 60 <= self.object_url_expires <= 43200:
             raise ValueError(f"object_url_expires={self.object_url_expires}: give 60 to 43200 seconds")
         self.platform.object_broker_url = self.object_broker_url

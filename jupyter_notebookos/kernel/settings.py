@@ -92,7 +92,7 @@ class ReplicaSettings:
             if not store_options["broker"] or not store_options["token"]:
                 raise ReplicaConfigError(
                     f"{p.ENV_OBJECT_STORE_URL}={store} needs {p.ENV_OBJECT_BROKER_URL} and {p.ENV_OBJECT_BROKER_TOKEN} "
-                    "(the gateway sets both when its store is S3)"
+                    "(the gateway sets both when it brokers the store)"
                 )
         try:
             gpus = HostGpu.parse_env(env.get(p.ENV_GPU_DEVICES))
