@@ -131,6 +131,32 @@ class BrokeredFileSystem(AbstractFileSystem):
         except urllib3.exceptions.HTTPError as err:
             raise ConnectionError(f"the object store cannot be reached: {err}") from err
 
+    def _operate(self, path: str, op: str, **kwargs: Any) -> urllib3.BaseHTTPResponse:
+        """Sign ``op`` on ``path`` and carry it out. When the data path fails (no answer, 502-504), or a URL is
+        refused right after it was signed (a store the gateway serves itself, restarted in between: its new
+        process signs with a new secret), sign again and retry, for up to ``broker_wait`` seconds."""
+        deadline = time.monotonic() + self.broker_wait
+        pause = 0.25
+        refused_once = False
+        while True:
+            method, url = self._signed(path, op)
+            try:
+                response = self._store(method, url, **kwargs)
+                if response.status not in (502, 503, 504) and (response.status != 403 or refused_once):
+                    return response
+                refused_once = refused_once or response.status == 403
+                why = f"HTTP {response.status}"
+                if not kwargs.get("preload_content", True):
+                    response.drain_conn()
+                    response.release_conn()
+            except ConnectionError as err:
+                why = str(err)
+            if time.monotonic() + pause > deadline:
+                raise ConnectionError(f"could not {op} {path} for {self.broker_wait:.0f} s: {why}")
+            log.warning("%s %s: %s; signing again in %.1f s", op, path, why, pause)
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
+
     @staticmethod
     def _failed(what: str, path: str, response: urllib3.BaseHTTPResponse) -> OSError:
         if response.status == 404:
@@ -151,8 +177,7 @@ class BrokeredFileSystem(AbstractFileSystem):
 
     def _head(self, path: str) -> dict[str, Any] | None:
         """The object's info, or None when there is no object at ``path``."""
-        method, url = self._signed(path, "head")
-        response = self._store(method, url)
+        response = self._operate(path, "head")
         if response.status == 404:
             return None
         if response.status != 200:
@@ -207,11 +232,10 @@ class BrokeredFileSystem(AbstractFileSystem):
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         path = self._strip_protocol(path)
-        method, url = self._signed(path, "get")
         headers = {}
         if start is not None or end is not None:
             headers["Range"] = f"bytes={start or 0}-{'' if end is None else end - 1}"
-        response = self._store(method, url, headers=headers)
+        response = self._operate(path, "get", headers=headers)
         if response.status not in (200, 206):
             raise self._failed("read", path, response)
         return bytes(response.data)
@@ -219,8 +243,7 @@ class BrokeredFileSystem(AbstractFileSystem):
     def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
         path = self._strip_protocol(path)
         if mode == "rb":
-            method, url = self._signed(path, "get")
-            response = self._store(method, url, preload_content=False)
+            response = self._operate(path, "get", preload_content=False)
             if response.status != 200:
                 response.read()
                 response.release_conn()
@@ -232,8 +255,7 @@ class BrokeredFileSystem(AbstractFileSystem):
 
     def rm_file(self, path: str) -> None:
         path = self._strip_protocol(path)
-        method, url = self._signed(path, "delete")
-        response = self._store(method, url)
+        response = self._operate(path, "delete")
         if response.status not in (200, 204, 404):
             raise self._failed("delete", path, response)
 
@@ -248,9 +270,8 @@ class BrokeredFileSystem(AbstractFileSystem):
 
     def put_object(self, path: str, chunks: list[memoryview]) -> None:
         """Write ``chunks`` as the object at ``path``, in one PUT (an object appears whole or not at all)."""
-        method, url = self._signed(path, "put")
         body: Any = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        response = self._store(method, url, body=body, headers={"Content-Length": str(len(body))})
+        response = self._operate(path, "put", body=body, headers={"Content-Length": str(len(body))})
         if response.status not in (200, 201, 204):
             raise self._failed("write", path, response)
 
