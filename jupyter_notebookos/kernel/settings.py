@@ -11,6 +11,7 @@ from jupyter_notebookos.coordination.client import EtcdCredentials, EtcdTls
 from jupyter_notebookos.coordination.keys import DEFAULT_PREFIX
 from jupyter_notebookos.gpu.binding import HostGpu
 from jupyter_notebookos.replication import protocol as p
+from jupyter_notebookos.replication.brokerfs import PROTOCOL as BROKER_PROTOCOL
 
 #: How many bytes a serialized delta may have to go inline into its etcd log record; larger ones go to the
 #: object store and the record holds their key (etcd is for metadata: DESIGN.md section 3).
@@ -84,7 +85,7 @@ class ReplicaSettings:
             "file://" + os.path.join(tempfile.gettempdir(), "notebookos-objects", kernel_id)
         )
         store_options: dict[str, str] = {}
-        if store.startswith("notebookos-broker://"):
+        if store.startswith(f"{BROKER_PROTOCOL}://"):
             store_options = {
                 "broker": env.get(p.ENV_OBJECT_BROKER_URL, "").strip(),
                 "token": env.get(p.ENV_OBJECT_BROKER_TOKEN, "").strip(),
