@@ -86,10 +86,20 @@ class HostNetwork:
 
     # -- set-up and removal ----------------------------------------------------------------------------
 
+    @property
+    def bridge_mac(self) -> str:
+        """The bridge's fixed, locally administered MAC address.
+
+        A bridge whose address was not set takes the lowest MAC of its ports, so a host joining later could change
+        it under the ARP caches of the hosts already joined: their packets to etcd and the gateway would go to the
+        old address, now a port's, and be lost until the cache entry expires (CI saw replicas on a host of the first
+        kernel unable to reach etcd for 20 s after a fourth host joined)."""
+        return "02:4e:42:" + ":".join(self.tag[i : i + 2] for i in (0, 2)) + ":01"
+
     def ensure_bridge(self) -> None:
-        """Create the bridge with its address (idempotent)."""
+        """Create the bridge with its addresses (idempotent)."""
         if _ip("link", "show", self.bridge, check=False).returncode != 0:
-            _ip("link", "add", self.bridge, "type", "bridge")
+            _ip("link", "add", self.bridge, "address", self.bridge_mac, "type", "bridge")
         if self.bridge_ip not in _ip("-4", "addr", "show", self.bridge).stdout:
             _ip("addr", "add", f"{self.bridge_ip}/{self.subnet.prefixlen}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
