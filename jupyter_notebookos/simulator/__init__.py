@@ -11,6 +11,7 @@ baselines, and reports GPU-hours provisioned and used and the delay cells see. O
   the default, ends kernels after T idle minutes; keep-alive is the old model);
 - `prewarm`: NotebookOS's standby replicas for culled kernels, from the scheduler's pre-warming policy;
 - `costs`: durations of platform actions (container start, restore, migration, provisioning);
+- `statesize`: how much state a kernel holds (from the model it trains), which every restore reads;
 - `windows`: the window with the most reservation waste;
 - `simulation`: the discrete-event engine;
 - `metrics`, `report`, `plots`: what a run measured, the JSON object or table, the PNGs;

@@ -11,6 +11,7 @@ import math
 import sys
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from traitlets import TraitError
@@ -100,6 +101,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     source.add_argument("--hours", type=float, default=24.0, help="synthetic: arrival period in hours (24)")
     source.add_argument("--seed", type=int, default=0, help="synthetic: random seed (0)")
+    source.add_argument(
+        "--state-gb",
+        type=float,
+        default=None,
+        help="every kernel holds this much state (GB) instead of its model's (the trace's model_name, the "
+        "template's vram, the synthetic draw); restores read it",
+    )
     source.add_argument(
         "--split-on-gpu-change",
         action="store_true",
@@ -207,7 +215,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--restore-s",
         type=float,
         default=defaults.restore_s,
-        help=f"restore kernel state from the object store; Batch pays it per cell ({defaults.restore_s:g})",
+        help="restore kernel state from the object store, fixed part; Batch pays a restore per cell, NotebookOS "
+        f"per migration and restarted kernel ({defaults.restore_s:g})",
+    )
+    policy.add_argument(
+        "--restore-gb-per-s",
+        type=float,
+        default=defaults.restore_gb_per_s,
+        help=f"a restore also reads the kernel's state at this rate, GB/s ({defaults.restore_gb_per_s:g})",
     )
     policy.add_argument(
         "--migration-s",
@@ -306,6 +321,8 @@ def _check(args: argparse.Namespace) -> None:
     checks = [
         (args.sessions is None or args.sessions >= 1, "--sessions must be >= 1"),
         (args.hours > 0, "--hours must be > 0"),
+        (args.restore_gb_per_s > 0, "--restore-gb-per-s must be > 0"),
+        (args.state_gb is None or args.state_gb >= 0, "--state-gb must be >= 0"),
         (args.idle_timeout_min >= 0, "--idle-timeout-min must be >= 0"),
         (args.lead_min is None or args.lead_min >= 0, "--lead-min must be >= 0"),
         (args.restart_lead_min >= 0, "--restart-lead-min must be >= 0"),
@@ -356,9 +373,9 @@ def _check(args: argparse.Namespace) -> None:
 def load_workload(args: argparse.Namespace) -> Workload:
     """The workload the options name, with the idle-culling model applied."""
     if args.synthetic:
-        workload = generate(sessions=args.sessions, hours=args.hours, seed=args.seed)
+        workload = generate(sessions=args.sessions, hours=args.hours, seed=args.seed, state_gb=args.state_gb)
     else:
-        workload = read_workload(args.trace, split_on_gpu_change=args.split_on_gpu_change)
+        workload = read_workload(args.trace, split_on_gpu_change=args.split_on_gpu_change, state_gb=args.state_gb)
     lead = None if args.lead_min is None else args.lead_min * 60.0
     return apply_idle_culling(
         workload,
@@ -367,6 +384,22 @@ def load_workload(args: argparse.Namespace) -> Workload:
         cull_gaps=args.culling == "production",
         restart_lead_s=args.restart_lead_min * 60.0,
     )
+
+
+def _state_summary(workload: Workload, start_s: float, end_s: float, costs: CostModel) -> dict[str, float]:
+    """The state sizes of the cells submitted in the window, and what restoring them costs."""
+    sizes = np.asarray(
+        [t.state_bytes for s in workload.sessions for t in s.tasks if start_s <= t.submit_s < end_s], dtype=float
+    )
+    if not sizes.size:
+        return {}
+    mean, p99 = float(sizes.mean()), float(np.percentile(sizes, 99))
+    return {
+        "mean_gb": round(mean / 1e9, 3),
+        "p99_gb": round(p99 / 1e9, 3),
+        "restore_mean_s": round(costs.restore_time_s(round(mean)), 2),
+        "restore_p99_s": round(costs.restore_time_s(round(p99)), 2),
+    }
 
 
 def prewarm_settings(args: argparse.Namespace) -> PrewarmSettings:
@@ -396,6 +429,7 @@ def _run(args: argparse.Namespace, err: Console) -> int:
         gpus_per_host=args.gpus_per_host,
         container_start_s=args.container_start_s,
         restore_s=args.restore_s,
+        restore_gb_per_s=args.restore_gb_per_s,
         migration_s=args.migration_s,
         host_provision_s=args.host_provision_s,
         host_release_s=args.host_release_s,
@@ -471,6 +505,7 @@ def _run(args: argparse.Namespace, err: Console) -> int:
         "kernel_restarts": sum(
             1 for s in workload.sessions if s.resumed and s.tasks and start_s <= s.tasks[0].submit_s < end_s
         ),
+        "state": _state_summary(workload, start_s, end_s, costs),
         "prewarm": {
             "quantile": args.prewarm_quantile,
             "max_hours": args.prewarm_max_hours,

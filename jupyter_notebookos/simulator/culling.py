@@ -59,6 +59,7 @@ def apply_idle_culling(
             )
             continue
         culled_at: float | None = None
+        previous = session.tasks[0]  # the last task of the kernel the culler ended
         gaps: list[float] = []
         for index, tasks in enumerate(_split_at_gaps(session.tasks, timeout_s)):
             first = tasks[0].submit_s
@@ -77,10 +78,12 @@ def apply_idle_culling(
                         resumed=True,
                         culled_at_s=culled_at,
                         return_gaps_s=tuple(gaps),
+                        restore_bytes=previous.state_bytes,
                     )
                 )
                 gaps.append(first - culled_at)
             culled_at = end
+            previous = tasks[-1]
     return Workload(name=workload.name, sessions=tuple(sessions))
 
 

@@ -4,7 +4,8 @@ Integrals (GPU-hours) are exact: the simulator reports every change of a level (
 with its time, and each piecewise-constant level is integrated over the measurement interval
 [`measure_start_s`, `measure_end_s`). Delays count for cells submitted inside that interval; migrations,
 hosts added (`scale_outs`) and removed (`scale_ins`) and restores (Batch: every cell; NotebookOS: kernels
-restarted after the idle culler) count when they begin inside it. `late_by_cause` counts the cells later than
+restarted after the idle culler) count when they begin inside it; `restored_gb` is the state that restores and
+migrations begun inside it read from the object store. `late_by_cause` counts the cells later than
 `IMMEDIATE_S` by what they waited for (`TAIL_CAUSES`), `p99_tail_by_cause` those of them at or above p99.
 """
 
@@ -94,6 +95,7 @@ class PolicyMetrics:
     scale_ins: int = 0
     rejected_cells: int = 0
     restores: int = 0
+    restored_bytes: int = 0  # state read from the object store by restores and migrations
     end_s: float = 0.0
     decision_counts: dict[str, int] = field(default_factory=dict)
     late_causes: dict[str, int] = field(default_factory=dict)
@@ -159,6 +161,7 @@ class PolicyMetrics:
             "scale_outs": self.scale_outs,
             "scale_ins": self.scale_ins,
             "restores": self.restores,
+            "restored_gb": round(self.restored_bytes / 1e9, 1),
             "late_by_cause": dict(sorted(late.items())),
             "p99_tail_by_cause": dict(sorted(tail.items())),
         }

@@ -92,6 +92,13 @@ def write_table(
             text = ", ".join(f"{cause}: {count}" for cause, count in sorted(tail.items(), key=lambda kv: -kv[1]))
             console.print(f"{name}: the p99 tail (cells at or above p99, later than 1 s) is {text}", highlight=False)
     model = document.get("model") or {}
+    state = model.get("state") or {}
+    if state:
+        console.print(
+            f"kernel state of the window's cells: mean {state['mean_gb']:g} GB, p99 {state['p99_gb']:g} GB; a "
+            f"restore takes {state['restore_mean_s']:g} s on average, {state['restore_p99_s']:g} s at p99",
+            highlight=False,
+        )
     if model.get("culling") == "production":
         prewarm = model.get("prewarm", {})
         console.print(

@@ -18,8 +18,11 @@ What the engine adds around the scheduler (the scheduler has no view of these):
   blocked by fragmentation (idle GPUs spread over hosts, or on hosts full of replicas).
 - A kernel's replicas need `container_start_s` before they can run a cell (not Batch: it pays that per
   cell). A kernel that restarts a culled one (`Session.resumed`) also restores its state from the object
-  store first under NotebookOS (`restore_s`); Reservation starts a fresh reservation (container start
-  only). Cells submitted earlier are held here and count their wait as delay.
+  store first under NotebookOS; Reservation starts a fresh reservation (container start only). Cells
+  submitted earlier are held here and count their wait as delay.
+- A restore takes `CostModel.restore_time_s` of the state the kernel holds at that moment: the state of
+  its last cell that started (`Task.state_bytes`; a restarted kernel starts with the culled one's,
+  `Session.restore_bytes`). Migrations restore it on the new replica; Batch before every cell.
 - Hosts are billed from the request (`host_provision_s` before they take replicas) until `host_release_s`
   after the scheduler removed them (stop and deprovisioning). A migration holds the GPUs it reserved on
   its target (cell-triggered) and the source replica's host slot until it completes.
@@ -95,9 +98,19 @@ class SimulationConfig:
 
 
 class _SessionState:
-    __slots__ = ("active", "causes", "held", "kernel_ready", "outstanding", "placed", "stopped", "submit_at")
+    __slots__ = (
+        "active",
+        "causes",
+        "held",
+        "kernel_ready",
+        "outstanding",
+        "placed",
+        "state_bytes",
+        "stopped",
+        "submit_at",
+    )
 
-    def __init__(self, tasks: int) -> None:
+    def __init__(self, tasks: int, state_bytes: int) -> None:
         self.active = False
         self.placed = False
         self.kernel_ready = False
@@ -106,6 +119,7 @@ class _SessionState:
         self.outstanding = tasks  # tasks not yet finished (or rejected)
         self.submit_at = 0.0  # when the session's current cell was submitted
         self.causes: list[str] = []  # what the current cell waited for, in order
+        self.state_bytes = state_bytes  # what the kernel holds now: a restore reads this much
 
 
 class Simulation:
@@ -128,7 +142,7 @@ class Simulation:
         self._events: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
         self._sessions = workload.sessions
-        self._state = [_SessionState(len(s.tasks)) for s in workload.sessions]
+        self._state = [_SessionState(len(s.tasks), s.restore_bytes) for s in workload.sessions]
         self._index = {s.session_id: i for i, s in enumerate(workload.sessions)}
         self._waiting: deque[int] = deque()  # sessions whose placement was refused, FIFO
         self._session_need: dict[int, tuple[int, int]] = {}  # waiting session -> (hosts short, GPUs short)
@@ -265,9 +279,8 @@ class Simulation:
             self.metrics.committed_gpus.set(now, self.scheduler.model.busy)  # Reservation holds GPUs now
             ready_in = 0.0 if self.policy == "batch" else self.costs.container_start_s
             if session.resumed and self.policy == "notebookos":
-                ready_in += self.costs.restore_s  # the culled kernel's state, from the object store
-                if self.metrics.measuring(now):
-                    self.metrics.restores += 1
+                # the culled kernel's state, from the object store
+                ready_in += self.costs.restore_time_s(self._restored(now, i, count=True))
             self._push(now + ready_in, KERNEL_READY, i)
             return True
         assert isinstance(decision, PlacementRefused)
@@ -386,12 +399,19 @@ class Simulation:
             self.metrics.rejected_cells += 1
             self._finish_task(now, i, int(decision.cell_id))
 
+    def _restored(self, now: float, i: int, count: bool) -> int:
+        """The state a restore of session i's kernel reads now, in bytes (measured: ``count`` it as a restore)."""
+        state_bytes = self._state[i].state_bytes
+        if self.metrics.measuring(now):
+            self.metrics.restores += int(count)
+            self.metrics.restored_bytes += state_bytes
+        return state_bytes
+
     def _run_cell(self, now: float, decision: RunCell) -> None:
         if decision.reason == "fresh-replica":
-            overhead = self.costs.batch_cell_overhead_s
-            if self.metrics.measuring(now):
-                self.metrics.restores += 1
-            self._state[self._index[decision.kernel_id]].causes.append("fresh replica + restore")
+            i = self._index[decision.kernel_id]
+            overhead = self.costs.batch_cell_overhead_s(self._restored(now, i, count=True))
+            self._state[i].causes.append("fresh replica + restore")
         elif decision.reason == "reserved":
             overhead = 0.0  # the session's GPUs are already bound to its only replica
         else:
@@ -401,6 +421,7 @@ class Simulation:
     def _on_cell_start(self, now: float, i: int, k: int) -> None:
         task = self._sessions[i].tasks[k]
         state = self._state[i]
+        state.state_bytes = task.state_bytes  # the kernel now holds this cell's model
         self.metrics.record_start(state.submit_at, now, " then ".join(dict.fromkeys(state.causes)))
         self.metrics.busy_gpus.add(now, task.gpus)
         self.metrics.committed_gpus.set(now, self.scheduler.model.busy)
@@ -441,7 +462,8 @@ class Simulation:
     def _begin_migration(self, now: float, plan: MigrationPlan) -> None:
         if self.metrics.measuring(now):
             self.metrics.migrations += 1
-        self._push(now + self.costs.migration_total_s, MIGRATION_DONE, plan.migration_id)
+        state_bytes = self._restored(now, self._index[plan.kernel_id], count=False)
+        self._push(now + self.costs.migration_total_s(state_bytes), MIGRATION_DONE, plan.migration_id)
 
     def _on_migration_done(self, now: float, migration_id: int, b: int) -> None:
         decision = self.scheduler.migration_finished(migration_id, now)

@@ -19,6 +19,10 @@ So the simulator works without the trace files. What is drawn, and from what:
 - Default session count: sized so the cluster-wide task arrival rate is the trace's, one task every
   1.4 minutes on average.
 
+- State sizes: models drawn as the trace's converter drew them (one per session, switched with 15 % chance
+  per task; see `statesize`), from a random stream of their own so the rest of the workload does not depend
+  on them; `state_gb` gives every task that size instead.
+
 Session lives are left to the idle-culling model (`culling`), as for the CSV trace.
 """
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jupyter_notebookos.simulator.statesize import draw_models, fixed_state_bytes, model_state_bytes
 from jupyter_notebookos.simulator.workload import Session, Task, Workload
 
 GPU_CHOICES = (1, 4, 8)
@@ -65,6 +70,7 @@ def generate(
     hours: float = 24.0,
     seed: int = 0,
     tasks_per_session: float = DEFAULT_TASKS_PER_SESSION,
+    state_gb: float | None = None,
 ) -> Workload:
     """Draw a synthetic workload; the same arguments always give the same workload."""
     if hours <= 0:
@@ -81,15 +87,21 @@ def generate(
     total = int(task_counts.sum())
     durations = _draw_minutes(rng, DURATION_QUANTILES_MIN, total)
     gaps = _draw_minutes(rng, GAP_QUANTILES_MIN, total)
+    if state_gb is None:
+        models = draw_models(np.random.default_rng([seed, 1]), [int(n) for n in task_counts])
+        sizes = [[model_state_bytes(m) for m in session] for session in models]
+    else:
+        fixed = fixed_state_bytes(state_gb)
+        sizes = [[fixed] * int(n) for n in task_counts]
     result: list[Session] = []
     cursor = 0
     for index in range(count):
         clock = float(arrivals_min[index])
         scale = MEAN_DURATION_BY_GPUS_MIN[int(gpus[index])] / MEAN_DURATION_MIN
         tasks: list[Task] = []
-        for _ in range(int(task_counts[index])):
+        for k in range(int(task_counts[index])):
             duration = max(1.0, float(np.ceil(durations[cursor] * scale)))
-            tasks.append(Task(submit_s=clock * 60.0, duration_s=duration * 60.0, gpus=int(gpus[index])))
+            tasks.append(Task(clock * 60.0, duration * 60.0, int(gpus[index]), sizes[index][k]))
             clock += duration + float(gaps[cursor])
             cursor += 1
         result.append(Session.from_tasks(f"syn{index}", tuple(tasks)))

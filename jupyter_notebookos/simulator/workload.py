@@ -13,11 +13,16 @@ from dataclasses import dataclass, field, replace
 
 @dataclass(frozen=True, slots=True)
 class Task:
-    """One training event: a cell that needs `gpus` GPUs for `duration_s` seconds once it starts."""
+    """One training event: a cell that needs `gpus` GPUs for `duration_s` seconds once it starts.
+
+    `state_bytes` is the kernel's state while the cell trains (the model, its gradients and optimizer state;
+    see `statesize`): what a restore reads from the object store. 0: unknown, a restore costs its fixed part.
+    """
 
     submit_s: float
     duration_s: float
     gpus: int
+    state_bytes: int = 0
 
     @property
     def end_s(self) -> float:
@@ -36,7 +41,8 @@ class Session:
     A kernel that the idle culler ended and that a later cell of the same trace session started again is
     `resumed`: NotebookOS restores its state from the object store before its first cell. `culled_at_s` is
     when the culler ended the previous kernel of the trace session, and `return_gaps_s` the earlier
-    cull-to-return gaps of that trace session (its own history, which pre-warming may use).
+    cull-to-return gaps of that trace session (its own history, which pre-warming may use), and
+    `restore_bytes` the state the culled kernel held (its last task's), which the restore reads.
     """
 
     session_id: str
@@ -48,6 +54,7 @@ class Session:
     resumed: bool = False
     culled_at_s: float | None = None
     return_gaps_s: tuple[float, ...] = ()
+    restore_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.gpus <= 0:

@@ -33,10 +33,13 @@ def test_json_is_exactly_one_object_in_the_issue_schema(capsys):
             "scale_outs",
             "scale_ins",
             "restores",
+            "restored_gb",
             "late_by_cause",
             "p99_tail_by_cause",
         }
         assert set(figures["delay_s"]) == {"p50", "p95", "p99", "max"}
+    assert set(document["model"]["state"]) == {"mean_gb", "p99_gb", "restore_mean_s", "restore_p99_s"}
+    assert 0.39 < document["model"]["state"]["mean_gb"] < 2.3  # the models the synthetic workload draws
     assert document["saved_gpu_hours_vs_reservation"]["reservation"] == 0.0
 
 

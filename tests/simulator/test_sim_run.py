@@ -60,8 +60,15 @@ def test_batch_pays_start_and_restore_before_every_cell(workload: Workload):
     config = SimulationConfig(policy="batch", costs=costs, initial_hosts=hosts, scheduler_options={"min_hosts": hosts})
     metrics = Simulation(workload, config).run()
     assert metrics.restores == workload.tasks
-    # with room for everyone, each cell waits exactly for its fresh replica and its restored state
-    assert metrics.delays_s == pytest.approx([18.0] * workload.tasks)
+    # with room for everyone, each cell waits exactly for its fresh replica and its restored state: the state
+    # the kernel held before the cell (its previous cell's model; none before the first), read at 0.2 GB/s
+    held = [
+        s.tasks[k - 1].state_bytes if k else s.restore_bytes for s in workload.sessions for k in range(len(s.tasks))
+    ]
+    assert any(held)
+    expected = sorted(7.0 + 11.0 + b / 1e9 / 0.2 for b in held)
+    assert sorted(metrics.delays_s) == pytest.approx(expected)
+    assert metrics.restored_bytes == sum(held)
 
 
 def test_notebookos_binds_gpus_only_while_cells_run(workload: Workload):
