@@ -70,6 +70,16 @@ FRONTIER: list[tuple[str, list[str]]] = [
 ]
 
 
+# State sizes (production model, all three policies): what restores cost when kernels hold more or less, or the
+# object store reads faster or slower, than the default model (the trace's model sizes at 0.2 GB/s).
+STATE_SENSITIVITY: list[tuple[str, list[str]]] = [
+    ("no state (a restore is its fixed 1 s)", ["--state-gb", "0"]),
+    ("10 GB per kernel", ["--state-gb", "10"]),
+    ("model sizes, store at 1 GB/s", ["--restore-gb-per-s", "1"]),
+    ("model sizes, store at 0.05 GB/s", ["--restore-gb-per-s", "0.05"]),
+]
+
+
 def simulate(source: list[str], options: list[str]) -> dict[str, Any]:
     """One `notebookos simulate --json` run; its JSON document and wall time."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -167,6 +177,23 @@ def frontier_rows(label: str, documents: list[tuple[str, dict[str, Any]]], refer
     return rows
 
 
+def state_rows(label: str, documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Markdown rows of the state-size sensitivity: NotebookOS and Batch, each run against its own Reservation."""
+    rows = []
+    for name, document in documents:
+        policies = document["policies"]
+        nbos, batch = policies["notebookos"], policies["batch"]
+        s = share(document, "notebookos")
+        state = document["model"].get("state") or {}
+        rows.append(
+            f"| {label} | {name} | {state.get('restore_mean_s', 0):g} | {nbos['provisioned_gpu_hours']:,.0f} "
+            f"| {100 * (s or 0):.1f} % | {100 * nbos['immediate_fraction']:.1f} % | {nbos['delay_s']['p99']:.1f} "
+            f"| {nbos['restored_gb']:,.0f} | {batch['provisioned_gpu_hours']:,.0f} | {batch['delay_s']['p50']:.1f} "
+            f"| {'yes' if nbos['provisioned_gpu_hours'] < batch['provisioned_gpu_hours'] else 'no'} |"
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the evaluation; print Markdown tables; optionally write every JSON document to --out."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -199,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
                     for name, extra in FRONTIER
                 ]
                 sweep[scope] = [(name, f.result()) for name, f in runs]
+        sizes: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        if args.frontier:
+            for scope, opts in scopes.items():
+                runs = [(name, pool.submit(simulate, source, [*opts, *extra])) for name, extra in STATE_SENSITIVITY]
+                sizes[scope] = [("model sizes at 0.2 GB/s (default)", results[(scope, "production")])]
+                sizes[scope] += [(name, f.result()) for name, f in runs]
 
     print(f"# Evaluation ({' '.join(source)}), {time.monotonic() - began:.0f} s wall\n")
     for scope in scopes:
@@ -234,6 +267,15 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---|---:|---:|---:|---:|---:|---|---|")
         for scope, documents in sweep.items():
             print("\n".join(frontier_rows(scope, documents, results[(scope, "production")])))
+    if sizes:
+        print("\n## State sizes (production model): restores of more or less state, from a faster or slower store\n")
+        print(
+            "| scope | state / store | mean restore s | NotebookOS GPU-h | share of possible saving | <= 1 s | p99 s "
+            "| GB restored | Batch GPU-h | Batch p50 s | NotebookOS below Batch |"
+        )
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        for scope, documents in sizes.items():
+            print("\n".join(state_rows(scope, documents)))
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -242,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         for scope, documents in sweep.items():
             frontier = [{"settings": name, **doc} for name, doc in documents]
             (out / f"frontier-{scope.replace(' ', '-')}.json").write_text(json.dumps(frontier, indent=1) + "\n")
+        for scope, documents in sizes.items():
+            rows = [{"settings": name, **doc} for name, doc in documents]
+            (out / f"state-sizes-{scope.replace(' ', '-')}.json").write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 
 

@@ -8,7 +8,7 @@ The sizes come from the model a kernel trains. The job-list trace names one per 
 nine CNNs; the trace's converter drew it at random per session and switched it with 15 % chance per event, so it
 says nothing about the real user, but it gives sizes of the right order). A kernel training a model holds its
 FP32 weights, their gradients and Adam's two moments: `BYTES_PER_PARAMETER` (16) bytes per parameter, from
-0.39 GB (Inception v3) to 2.3 GB (VGG-19). Datasets and activations are not counted (a lower bound). The
+0.41 GB (ResNet-50) to 2.3 GB (VGG-19). Datasets and activations are not counted (a lower bound). The
 synthetic workload draws models the way the converter did; `--state-gb` gives every kernel one fixed size
 instead (for sensitivity analysis, or for a trace whose model names are not in the table).
 """
