@@ -270,16 +270,27 @@ class ChaosRun:
                 done = f"{fault} failed to inject: {err}"
             self.report.faults.append(f"{time.monotonic() - began:5.1f} s {done}")
 
-    def _replicas(self, client: GatewayClient, kernel_id: str) -> list[dict[str, Any]]:
-        return [r for r in client.notebookos_kernel(kernel_id)["replicas"] if r["state"] == "ready"]
+    def _ready_replica(self, client: GatewayClient, kernel_id: str, within: float = 15.0) -> dict[str, Any] | None:
+        """One of the kernel's ready replicas, at random; None if none is ready within ``within`` seconds (all of
+        them are being replaced, or a restarted gateway has not seen them register again yet)."""
+        deadline = time.monotonic() + within
+        while True:
+            ready = [r for r in client.notebookos_kernel(kernel_id)["replicas"] if r["state"] == "ready"]
+            if ready or time.monotonic() > deadline:
+                return self.rng.choice(ready) if ready else None
+            time.sleep(0.5)
 
     def _kill_replica(self, client: GatewayClient, kernel_id: str) -> str:
-        replica = self.rng.choice(self._replicas(client, kernel_id))
+        replica = self._ready_replica(client, kernel_id)
+        if replica is None:
+            return f"no replica of {kernel_id[:8]} was ready: nothing killed"
         psutil.Process(replica["pid"]).send_signal(signal.SIGKILL)
         return f"SIGKILL replica {replica['replica_id']} of {kernel_id[:8]}"
 
     def _stop_replica(self, client: GatewayClient, kernel_id: str) -> str:
-        replica = self.rng.choice(self._replicas(client, kernel_id))
+        replica = self._ready_replica(client, kernel_id)
+        if replica is None:
+            return f"no replica of {kernel_id[:8]} was ready: nothing stopped"
         proc = psutil.Process(replica["pid"])
         proc.send_signal(signal.SIGSTOP)
         time.sleep(self.rng.uniform(1, 4))
@@ -355,7 +366,10 @@ class ChaosRun:
 
     def _partition_host(self, client: GatewayClient, kernel_id: str) -> str:
         """One host of the kernel's replicas cut off from etcd, the gateway and the other hosts for 2 to 8 s."""
-        host = self.rng.choice(sorted({r["host"] for r in self._replicas(client, kernel_id)}))
+        replica = self._ready_replica(client, kernel_id)
+        if replica is None:
+            return f"no replica of {kernel_id[:8]} was ready: no host cut off"
+        host = replica["host"]
         network = HostNetwork.for_state_dir(self.state_dir)
         network.partition(host)
         pause = self.rng.uniform(2, 8)

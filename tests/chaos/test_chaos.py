@@ -11,7 +11,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_a_seeded_fault_schedule_leaves_no_anomaly(tmp_path: Path) -> None:
-    report = ChaosRun(tmp_path / "state", seed=12, kernels=2, seconds=45, fault_every=5).run()
+    report = ChaosRun(tmp_path / "state", seed=12, kernels=2, seconds=32, fault_every=4).run()
     print(report, *report.faults, sep="\n")
     assert len(report.faults) >= 5 and report.acknowledged >= 20, str(report)
     assert report.anomalies == [], "\n".join(report.anomalies)
