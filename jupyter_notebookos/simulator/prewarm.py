@@ -42,6 +42,7 @@ def apply_prewarm(workload: Workload, settings: PrewarmSettings) -> tuple[Worklo
                     culled_at + window.standby_s,
                     gpus=session.gpus,
                     resumed=True,
+                    restore_bytes=session.restore_bytes,  # its standby replicas restore the culled state
                 )
             )
         sessions.append(session)
