@@ -25,7 +25,9 @@ class CellCommits(RouterState):
 
     async def _commit(self, cell: PendingCell, grant: CellGrant) -> bool:
         """The one transaction of a cell: executor term (if it changes), cell record and GPU entries."""
-        registration = self.registrations[grant.replica_id]
+        registration = self.replicas.registration(grant.replica_id)
+        if registration is None:  # gone since the router checked: as if the transaction's compare failed
+            return False
         keys, kid = self.keys, self.kernel_id
         seq = self.log_head + 1
         executor_key = keys.executor(kid)

@@ -5,7 +5,8 @@ does it, in an order that never leaves the kernel with fewer than two up-to-date
 
 1. start a new replica process on the target (the launcher: a local process, or a pod pinned to the node);
 2. it restores from the checkpoint plus the log and registers; wait until it has applied every record;
-3. switch: the scheduler's replica now is the new process (the router sends it the next cells);
+3. switch: the new replica (a new id, handed out by the scheduler with the plan) takes the old one's place
+   in the scheduler and the router sends it the next cells;
 4. retire the old replica.
 
 A move that fails part-way (the new replica does not come up, dies, or cannot catch up) stops the new
@@ -96,7 +97,7 @@ class MigrationRunner:
             "started_at": time.time(),
         }
         platform.log.info("scheduler: %s", plan)
-        replica_id = record.router_id(plan.replica_id) if record is not None else str(plan.replica_id)
+        replica_id = str(plan.replica_id)
 
         def event(what: str, text: str, **extra: object) -> None:
             platform.events.record(
@@ -119,7 +120,7 @@ class MigrationRunner:
         try:
             if record is None:
                 raise MigrationError("the kernel is gone")
-            new_rid = await self._bring_up(record, plan)
+            await self._bring_up(record, plan)
         except (MigrationError, LaunchError, OSError) as err:
             decision: MigrationCompleted | MigrationFailed = scheduler.migration_finished(
                 plan.migration_id, now=platform.now(), ok=False, error=str(err)
@@ -127,11 +128,9 @@ class MigrationRunner:
             outcome = "failed"
         else:
             assert record is not None
-            old_rid = record.router_id(plan.replica_id)
-            record.router.retire(old_rid)
-            record.router_ids[plan.replica_id] = new_rid
+            record.replicas.retire(replica_id)  # the new replica serves from now on (the scheduler's too)
             decision = scheduler.migration_finished(plan.migration_id, now=platform.now(), ok=True)  # type: ignore[assignment]
-            old = record.handles.pop(old_rid, None)
+            old = record.replicas.release(replica_id)
             if old is not None:  # retired: nothing waits for it to exit
                 task = asyncio.ensure_future(self._retire(old))
                 self._retiring.add(task)
@@ -151,12 +150,13 @@ class MigrationRunner:
         with contextlib.suppress(Exception):
             await self.platform.launcher.stop_replica(handle)
 
-    async def _bring_up(self, record: KernelRecord, plan: MigrationPlan) -> str:
-        """Start the new replica on the target and wait until it holds the whole state; returns its id."""
+    async def _bring_up(self, record: KernelRecord, plan: MigrationPlan) -> None:
+        """Start the new replica (the id the scheduler gave it) on the target and wait until it holds the whole
+        state."""
         platform = self.platform
         router = record.router
         timeout = platform.router_settings.launch_timeout
-        new_rid = record.fresh_router_id(record.next_replica)
+        new_rid = str(plan.new_replica_id)
         try:
             await platform.start_replica_process(record, new_rid, plan.target)
             missing = await router.wait_registered({new_rid}, timeout)
@@ -167,13 +167,12 @@ class MigrationRunner:
             if not await router.wait_caught_up(new_rid, timeout):
                 raise MigrationError(f"the new replica {new_rid} on {plan.target} did not catch up with the state log")
         except BaseException:
-            router.retire(new_rid)
-            handle = record.handles.pop(new_rid, None)
+            record.replicas.retire(new_rid)
+            handle = record.replicas.release(new_rid)
             if handle is not None:
                 with contextlib.suppress(Exception):
                     await platform.launcher.stop_replica(handle, now=True)
             raise
-        return new_rid
 
     def snapshot(self) -> list[dict[str, object]]:
         """Migrations in flight, for the REST API and ``notebookos status``."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from jupyter_notebookos.gateway.cells import CellGrant, CellRejected, CellRequest
 from jupyter_notebookos.gateway.platformstate import PlatformState
+from jupyter_notebookos.gateway.replicas import scheduler_id
 from jupyter_notebookos.scheduler import (
     CellFinished,
     Decision,
@@ -33,7 +34,7 @@ class CellPlanning(PlatformState):
         record = self.kernels.get(request.kernel_id)
         if record is None:
             raise CellRejected(f"kernel {request.kernel_id} is shutting down")
-        prefer = record.scheduler_id(request.prefer) if request.prefer is not None else None
+        prefer = scheduler_id(request.prefer) if request.prefer is not None else None
         decision: Decision = self.scheduler.request_cell(
             request.kernel_id, request.cell_id, now=self.now(), gpus=request.gpus, prefer=prefer
         )
@@ -48,9 +49,7 @@ class CellPlanning(PlatformState):
                     continue
                 # The move failed: the scheduler put the cell back at the queue's front.
             decision = await self._wait_in_queue(request)
-        grant = CellGrant(
-            record.router_id(decision.replica_id), decision.host, tuple(decision.device_ids), decision.detail
-        )
+        grant = CellGrant(str(decision.replica_id), decision.host, tuple(decision.device_ids), decision.detail)
         if self.autoscaler is not None:  # kernels this cell stranded move now, off its critical path
             self.autoscaler.start_moves(self.scheduler.prepare_moves(self.now()))
         await self._make_room(request.kernel_id, grant)

@@ -35,6 +35,7 @@ from jupyter_notebookos.gateway.reconcile import DEFAULT_RECONCILE_INTERVAL, Led
 from jupyter_notebookos.gateway.records import HostRecord, KernelRecord
 from jupyter_notebookos.gateway.rejoin import DEFAULT_REJOIN_GRACE
 from jupyter_notebookos.gateway.replacement import ReplicaReplacement
+from jupyter_notebookos.gateway.replicas import Phase, scheduler_id
 from jupyter_notebookos.gateway.residency import GpuResidency
 from jupyter_notebookos.gateway.router import ReplicaRouter, RouterSettings
 from jupyter_notebookos.gateway.views import PlatformViews
@@ -268,7 +269,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         if not isinstance(placement, Placement):
             raise KernelRequestError(f"cannot start kernel {kernel_id}: {placement}")
         router = self._new_router(kernel_id, ip, ports, key, signature_scheme, gpus)
-        record = KernelRecord(kernel_id, kernel_name, gpus, router, env, next_replica=len(placement.replicas))
+        record = KernelRecord(kernel_id, kernel_name, gpus, router, env)
         record.config = dict(config or {})
         record.launch_timeout = launch_timeout
         self.kernels[kernel_id] = record
@@ -278,7 +279,8 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
             await router.start(fresh=True)
             # All at once: a launcher may wait for its pod to run, and the kernel waits for the slowest anyway.
             starts = [
-                asyncio.ensure_future(self._start_replica(record, s.replica_id, s.host)) for s in placement.replicas
+                asyncio.ensure_future(self.start_replica_process(record, str(s.replica_id), s.host))
+                for s in placement.replicas
             ]
             try:
                 await asyncio.gather(*starts)
@@ -288,7 +290,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
                 await asyncio.gather(*starts, return_exceptions=True)
                 raise
             timeout = launch_timeout or self.router_settings.launch_timeout
-            missing = await router.wait_registered(set(record.handles), timeout)
+            missing = await router.wait_registered({str(s.replica_id) for s in placement.replicas}, timeout)
             if missing:
                 raise LaunchError(self._launch_failure(record, missing, timeout))
             await self.coordinator.put(
@@ -353,7 +355,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         if record is None:
             return
         record.router.shutting_down = True
-        handles = dict(record.handles)
+        handles = record.replicas.handles()
         with contextlib.suppress(Exception):  # also those whose start was cut short (no handle recorded)
             handles.update(
                 {h.replica_id: h for h in await self.launcher.find_replicas(kernel_id) if h.replica_id not in handles}
@@ -381,15 +383,9 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         if forget is not None:
             forget(kernel_id)
 
-    async def _start_replica(self, record: KernelRecord, scheduler_id: int, host: str) -> str:
-        """Start a process for the scheduler's replica ``scheduler_id`` on ``host``; returns its id."""
-        replica_id = record.fresh_router_id(scheduler_id)
-        record.router_ids[scheduler_id] = replica_id
-        await self.start_replica_process(record, replica_id, host)
-        return replica_id
-
     async def start_replica_process(self, record: KernelRecord, replica_id: str, host: str) -> None:
-        """Start replica process ``replica_id`` of the kernel on ``host`` (the router expects it)."""
+        """Start replica ``replica_id`` (the id the scheduler handed out) of the kernel on ``host``; the kernel's
+        replicas count it from now on. Raises ``LaunchError`` (also when the id is in use already)."""
         spec = ReplicaSpec(
             kernel_id=record.kernel_id,
             replica_id=replica_id,
@@ -403,8 +399,8 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
             gpus=record.gpus,
             launch_timeout=record.launch_timeout,
         )
-        record.router.expect(replica_id)
-        record.handles[replica_id] = await self.launcher.start_replica(spec)
+        record.replicas.expect(replica_id, host)
+        record.replicas.started(replica_id, await self.launcher.start_replica(spec))
 
     def _replica_env(self, record: KernelRecord, host: str) -> dict[str, str]:
         env = replica_env(record.env)
@@ -437,7 +433,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
     def _launch_failure(self, record: KernelRecord, missing: set[str], timeout: float) -> str:
         parts = []
         for rid in sorted(missing):
-            handle = record.handles.get(rid)
+            handle = record.replicas.handle(rid)
             where = f"replica {rid} on {handle.host if handle else '?'}"
             log_path = getattr(self.launcher, "log_path", None)
             tail = ""
@@ -445,7 +441,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
                 with contextlib.suppress(OSError):
                     lines = log_path(record.kernel_id, rid).read_text(errors="replace").strip().splitlines()
                     tail = f" (last log line: {lines[-1]})" if lines else ""
-            failed = record.router.failed.get(rid)
+            failed = record.replicas.failure(rid)
             parts.append(f"{where} failed ({failed})" if failed else f"{where} did not register{tail}")
         return (
             f"kernel {record.kernel_id}: {', '.join(parts)} within {timeout:.0f} s; "
@@ -482,10 +478,10 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
             record = self.kernels.get(lost.replica.kernel_id)
             if record is None:
                 continue
-            rid = record.router_ids.pop(lost.replica.replica_id, str(lost.replica.replica_id))
-            record.router.retire(rid)  # the scheduler already knows; its end is not a second loss
+            rid = str(lost.replica.replica_id)
+            record.replicas.retire(rid)  # the scheduler already knows; its end is not a second loss
             placed = lost.replacement if isinstance(lost.replacement, Placement) else None
-            task = asyncio.ensure_future(self._replace(record, record.handles.pop(rid, None), placed))
+            task = asyncio.ensure_future(self._replace(record, record.replicas.release(rid), placed))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         self.dispatch()
@@ -498,13 +494,13 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         record = self.kernels.get(kernel_id)
         if record is None:
             raise MigrationRequestError(404, f"no NotebookOS kernel {kernel_id}")
-        scheduler_id = record.scheduler_id(replica_id)
-        if replica_id not in record.router.registrations or scheduler_id is None:
-            known = ", ".join(sorted(record.router.registrations)) or "none"
+        sid, replica = scheduler_id(replica_id), record.replicas.get(replica_id)
+        if replica is None or not replica.registered or replica.phase is Phase.RETIRING or sid is None:
+            known = ", ".join(sorted(record.replicas.registrations())) or "none"
             raise MigrationRequestError(404, f"kernel {kernel_id} has no replica {replica_id} (replicas: {known})")
         if target is not None and target not in {h.name for h in self.scheduler.hosts()}:
             raise MigrationRequestError(404, f"no host {target!r} (hosts: {', '.join(sorted(self.hosts))})")
-        plan = self.scheduler.request_migration(kernel_id, scheduler_id, now=self.now(), target=target)
+        plan = self.scheduler.request_migration(kernel_id, sid, now=self.now(), target=target)
         if isinstance(plan, MigrationRefused):
             self._log_decision(plan)
             raise MigrationRequestError(409, f"migration refused: {plan.reason}")
@@ -517,7 +513,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         return {
             "kernel_id": kernel_id,
             "migration_id": plan.migration_id,
-            "replica_id": record.router_id(scheduler_id),
+            "replica_id": str(plan.new_replica_id),
             "previous_replica_id": replica_id,
             "from": plan.source,
             "to": plan.target,

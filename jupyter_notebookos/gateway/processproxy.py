@@ -69,7 +69,7 @@ class NotebookOSProcessProxy(LocalProcessProxy):
             "NotebookOS kernel %s is up: router at %s, replicas %s",
             self.kernel_id,
             km.ip,
-            ", ".join(f"{r.replica_id}@{r.host}" for r in self.router.registrations.values()),
+            ", ".join(f"{r.replica_id}@{r.host}" for r in self.router.replicas.registrations().values()),
         )
         return self
 

@@ -101,13 +101,14 @@ class Reattachment(PlatformState):
             kernel_id, str(session.get("etcd_password") or ""), str(session.get("object_token") or "")
         )
         record.started_at = float(session.get("started_at", record.started_at))
-        for registration in registrations:
+        for registration in registrations:  # the kernel's replicas as etcd has them (the router reads the rest)
             rid = registration.replica_id
-            record.handles[rid] = handles.get(rid) or ReplicaHandle(
-                kernel_id, rid, registration.host, pid=registration.pid, pod=registration.pod
+            record.replicas.expect(rid, registration.host)
+            record.replicas.started(
+                rid,
+                handles.get(rid)
+                or ReplicaHandle(kernel_id, rid, registration.host, pid=registration.pid, pod=registration.pod),
             )
-            record.next_replica = max(record.next_replica, int(rid) + 1)
-            router.expect(rid)
         self.kernels[kernel_id] = record
         await router.bind()
         await router.start(fresh=False)

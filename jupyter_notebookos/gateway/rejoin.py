@@ -32,7 +32,7 @@ async def await_rejoin(router: ReplicaRouter, launcher: Launcher, handle: Replic
     is stopping, or ``grace`` seconds passed."""
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if handle.replica_id in router.registrations:
+        if router.replicas.is_registered(handle.replica_id):
             return True
         if router.shutting_down:
             return False
@@ -43,4 +43,4 @@ async def await_rejoin(router: ReplicaRouter, launcher: Launcher, handle: Replic
         if status.phase in (ReplicaPhase.EXITED, ReplicaPhase.FAILED):
             return False
         await asyncio.sleep(_POLL_S)
-    return handle.replica_id in router.registrations
+    return router.replicas.is_registered(handle.replica_id)

@@ -92,9 +92,7 @@ class RouterRelay(RouterState):
             old.close()
         link = ReplicaLink(self.ctx, registration, self.identity)
         self.links[rid] = link
-        self.registrations[rid] = registration
-        self.expected.add(rid)
-        self.state_seq[rid] = max(self.state_seq.get(rid, -1), registration.applied_seq)
+        self.replicas.register(registration)
         link.tasks.append(self._spawn(self._replica_loop(link, link.shell, self._on_replica_shell)))
         link.tasks.append(self._spawn(self._replica_loop(link, link.control, self._on_replica_control)))
         link.tasks.append(self._spawn(self._replica_loop(link, link.stdin, self._on_replica_stdin)))
@@ -258,7 +256,7 @@ class RouterRelay(RouterState):
             return self.executor
         if not self.links:
             return None
-        return max(self.links, key=lambda r: (self.state_seq.get(r, -1), r))
+        return max(self.links, key=lambda r: (self.replicas.applied(r), r))
 
     def _remember_route(self, msg_id: str, replica_id: str) -> None:
         self._routes[msg_id] = replica_id
@@ -308,7 +306,7 @@ class RouterRelay(RouterState):
             msg = self.signer.with_metadata(msg, metadata)
             await self._sockets["shell"].send_multipart(msg.frames())
             # The executor has the state of this cell in memory already.
-            self.state_seq[link.replica_id] = max(self.state_seq.get(link.replica_id, -1), cell.seq)
+            self.replicas.note_applied(link.replica_id, cell.seq)
             self.cells_run += 1
             if not cell.done.done():
                 cell.done.set_result(None)

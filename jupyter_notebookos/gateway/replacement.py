@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.gateway.platformstate import PlatformState
 from jupyter_notebookos.gateway.rejoin import await_rejoin
+from jupyter_notebookos.gateway.replicas import scheduler_id
 from jupyter_notebookos.gateway.router import ReplicaRouter
 from jupyter_notebookos.launchers.base import LaunchError, ReplicaHandle, ReplicaPhase
 from jupyter_notebookos.replication.protocol import ReplicaRegistration
@@ -32,7 +33,7 @@ class ReplicaReplacement(PlatformState):
         ``rejoin_grace`` seconds to register again (see :mod:`jupyter_notebookos.gateway.rejoin`); else the
         scheduler hears of it now."""
         record = self.kernels.get(router.kernel_id)
-        handle = record.handles.get(registration.replica_id) if record is not None else None
+        handle = record.replicas.handle(registration.replica_id) if record is not None else None
         if handle is None or self.rejoin_grace <= 0 or router.shutting_down:
             self._replica_lost(router, registration, why)
             return
@@ -41,7 +42,7 @@ class ReplicaReplacement(PlatformState):
             assert handle is not None
             if await await_rejoin(router, self.launcher, handle, self.rejoin_grace):
                 self.log.info("kernel %s: replica %s registered again", router.kernel_id, registration.replica_id)
-            elif router.kernel_id in self.kernels and registration.replica_id not in router.registrations:
+            elif router.kernel_id in self.kernels and not router.replicas.is_registered(registration.replica_id):
                 self._replica_lost(router, registration, why)
 
         task = asyncio.ensure_future(lost_unless_rejoined())
@@ -54,12 +55,11 @@ class ReplicaReplacement(PlatformState):
         record = self.kernels.get(router.kernel_id)
         if record is None:
             return
-        handle = record.handles.pop(registration.replica_id, None)
-        scheduler_id = record.scheduler_id(registration.replica_id)
-        if scheduler_id is None:
+        handle = record.replicas.release(registration.replica_id)
+        sid = scheduler_id(registration.replica_id)
+        if sid is None:
             return
-        decision = self.scheduler.replica_lost(router.kernel_id, scheduler_id, now=self.now())
-        record.router_ids.pop(scheduler_id, None)
+        decision = self.scheduler.replica_lost(router.kernel_id, sid, now=self.now())
         self._log_decision(decision)
         self.dispatch()
         placed = decision.replacement if isinstance(decision, ReplicaLost) else None
@@ -80,7 +80,7 @@ class ReplicaReplacement(PlatformState):
             return
         for slot in placed.replicas:
             try:
-                await self._start_replica(record, slot.replica_id, slot.host)
+                await self.start_replica_process(record, str(slot.replica_id), slot.host)
             except LaunchError as err:
                 self.log.error(
                     "kernel %s: could not start replacement replica %s on %s: %s",
@@ -101,18 +101,19 @@ class ReplicaReplacement(PlatformState):
 
     async def _check_replicas(self) -> None:
         for record in list(self.kernels.values()):
-            for rid, handle in list(record.handles.items()):
+            replicas = record.replicas
+            for rid, handle in replicas.handles().items():
                 status = await self.launcher.status(handle)
                 if status.phase not in (ReplicaPhase.EXITED, ReplicaPhase.FAILED):
                     continue
-                registration = record.router.registrations.get(rid)
+                registration = replicas.registration(rid)
                 if registration is not None and self.coordinator is not None:
                     with contextlib.suppress(CoordinationError):
                         await self.coordinator.revoke(registration.lease)
-                elif registration is None and rid in record.router.expected:
-                    record.router.launch_failed(rid, status.reason or status.phase.value)
+                elif registration is None and replicas.is_live(rid):
+                    replicas.launch_failed(rid, status.reason or status.phase.value)
                 elif registration is None:
-                    record.handles.pop(rid, None)
+                    replicas.release(rid)
 
     def _place_missing(self) -> None:
         """Kernels short of replicas (no host could take a replacement before) get them now."""

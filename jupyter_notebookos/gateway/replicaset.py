@@ -1,6 +1,7 @@
 """The replica router's view of its kernel's replicas in etcd: registrations, applied sequences, quorum.
 
-The router watches the kernel's ``replicas/`` and ``applied/`` keys; a registration that vanishes (lease
+The router watches the kernel's ``replicas/`` and ``applied/`` keys and records what they say in the
+kernel's :class:`~jupyter_notebookos.gateway.replicas.KernelReplicas`; a registration that vanishes (lease
 expired or revoked, process gone) is a replica gone. The platform asks this view to wait for replicas to
 register or to catch up with the state log.
 """
@@ -16,6 +17,7 @@ from typing import Any
 from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.coordination.kv import EventType, WatchEvent
 from jupyter_notebookos.gateway.cells import MALFORMED
+from jupyter_notebookos.gateway.replicas import Phase, Replica
 from jupyter_notebookos.gateway.routerstate import RouterState, log
 from jupyter_notebookos.replication.protocol import ReplicaRegistration
 
@@ -23,53 +25,43 @@ from jupyter_notebookos.replication.protocol import ReplicaRegistration
 class ReplicaSetView(RouterState):
     """The router's part that follows the kernel's replicas through etcd."""
 
-    def expect(self, replica_id: str) -> None:
-        """A replica was started for this kernel: count it until it registers or is declared gone."""
-        self.expected.add(replica_id)
-
-    def retire(self, replica_id: str) -> None:
-        """This replica is being stopped on purpose (its replacement holds the state): its end is no loss."""
-        self.retiring.add(replica_id)
-        self.expected.discard(replica_id)
-        if self.executor == replica_id:
+    def _replica_changed(self, replica: Replica) -> None:
+        """The platform changed a replica (:attr:`replicas`' ``on_change``): retiring it, or its launch failed."""
+        if replica.phase is Phase.RETIRING and self.executor == replica.replica_id:
             self.executor, self.fence = None, 0  # the next cell opens a new executor term
-        self.changed.set()
-
-    def launch_failed(self, replica_id: str, reason: str) -> None:
-        """A started replica's process ended before it registered."""
-        self.failed[replica_id] = reason
-        self.expected.discard(replica_id)
         self.changed.set()
 
     async def wait_caught_up(self, replica_id: str, timeout: float) -> bool:
         """Wait until ``replica_id`` holds the state of every cell so far (False on timeout or if it died)."""
         deadline = time.monotonic() + timeout
-        while self.state_seq.get(replica_id, -1) < self.log_head:
+        replicas = self.replicas
+        while replicas.applied(replica_id) < self.log_head:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or replica_id not in self.registrations:
+            if remaining <= 0 or not replicas.is_registered(replica_id):
                 return False
             self.changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), min(remaining, 1.0))
-        return replica_id in self.registrations
+        return replicas.is_registered(replica_id)
 
     async def wait_registered(self, replica_ids: set[str], timeout: float) -> set[str]:
         """Wait until these replicas registered; return those that did not within ``timeout`` (or died)."""
         deadline = time.monotonic() + timeout
-        while not replica_ids <= set(self.registrations) | set(self.failed):
+        replicas = self.replicas
+        while not replica_ids <= set(replicas.registrations()) | replicas.failed_ids():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             self.changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), remaining)
-        return replica_ids - set(self.registrations)
+        return replica_ids - set(replicas.registrations())
 
     @property
     def quorum(self) -> bool:
         """Whether a majority of the kernel's replicas is registered."""
-        size = max(len(self.expected), 1)
-        return len(self.registrations) * 2 > size
+        size = max(self.replicas.live_count(), 1)
+        return self.replicas.registered_count() * 2 > size
 
     async def _watch_loop(self, watch: Any) -> None:
         try:
@@ -99,9 +91,7 @@ class ReplicaSetView(RouterState):
             else:
                 self._replica_gone(name, "its etcd lease ended (process exited or unreachable)")
         elif section == "applied" and name and event.type is EventType.PUT:
-            seq = int(event.value)
-            if seq > self.state_seq.get(name, -1):
-                self.state_seq[name] = seq
+            self.replicas.note_applied(name, int(event.value))
         elif section == "log" and name and event.type is EventType.PUT:
             seq = self.keys.seq_of(event.key)
             self.log_head = max(self.log_head, seq)

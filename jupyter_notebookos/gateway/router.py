@@ -56,6 +56,7 @@ from jupyter_notebookos.gateway.cells import (
 from jupyter_notebookos.gateway.commit import CellCommits
 from jupyter_notebookos.gateway.ledger import LedgerReleases
 from jupyter_notebookos.gateway.relay import ReplicaLink, RouterRelay
+from jupyter_notebookos.gateway.replicas import KernelReplicas
 from jupyter_notebookos.gateway.replicaset import ReplicaSetView
 from jupyter_notebookos.gateway.routerstate import log
 from jupyter_notebookos.gateway.waitnotice import WaitNotice
@@ -96,11 +97,8 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         self.identity = f"notebookos-router-{kernel_id}".encode()
 
         self.links: dict[str, ReplicaLink] = {}
-        self.registrations: dict[str, ReplicaRegistration] = {}
-        self.expected: set[str] = set()  # replicas started and not yet gone
-        self.retiring: set[str] = set()  # replicas being retired on purpose (migration): not a loss
-        self.failed: dict[str, str] = {}  # replicas whose process ended before they registered, and why
-        self.state_seq: dict[str, int] = {}  # highest log seq each replica has the state of
+        # The kernel's replicas: the one record of them, shared with the platform (its KernelRecord).
+        self.replicas = KernelReplicas(kernel_id, on_change=self._replica_changed)
         self.log_head = 0  # the last seq handed to a cell
         self.published_seq = 0  # the highest seq whose record is in the log (or covered by a checkpoint)
         self.executor: str | None = None
@@ -239,23 +237,20 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         self.stopped.set()
 
     def _replica_gone(self, rid: str, why: str) -> None:
-        registration = self.registrations.pop(rid, None)
+        registration, retiring = self.replicas.gone(rid, why)
         link = self.links.pop(rid, None)
         if link is not None:
             link.close()
-        self.state_seq.pop(rid, None)
-        self.expected.discard(rid)
         if registration is None:
             return
         was_executor = self.executor == rid
         if was_executor:
             self.executor, self.fence = None, 0
         if self.shutting_down:
-            if not self.registrations:
+            if not self.replicas.registered_count():
                 self.exit_code = 0
             return
-        if rid in self.retiring:
-            self.retiring.discard(rid)
+        if retiring:
             log.info("kernel %s: replica %s on %s retired", self.kernel_id, rid, registration.host)
         else:
             log.warning("kernel %s: replica %s on %s is gone: %s", self.kernel_id, rid, registration.host, why)
@@ -368,7 +363,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
                 if notice is not None:  # cleared before the request reaches its executor
                     notice.clear()
                     notice = None
-            if grant.replica_id not in self.registrations:
+            if not self.replicas.is_registered(grant.replica_id):
                 self.planner.release(self.kernel_id, msg_id)
                 await asyncio.sleep(0.05)
                 continue  # the replica went away while we waited

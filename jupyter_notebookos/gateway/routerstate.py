@@ -23,6 +23,7 @@ from jupyter_notebookos.coordination.client import Coordinator
 from jupyter_notebookos.coordination.keys import KeyLayout
 from jupyter_notebookos.gateway.cells import CellPlanner, PendingCell, RouterSettings
 from jupyter_notebookos.gateway.ledger import LedgerReleases
+from jupyter_notebookos.gateway.replicas import KernelReplicas
 from jupyter_notebookos.gateway.wire import Signer
 from jupyter_notebookos.replication.protocol import ReplicaRegistration
 
@@ -51,11 +52,7 @@ class RouterState:
     identity: bytes
 
     links: dict[str, ReplicaLink]
-    registrations: dict[str, ReplicaRegistration]
-    expected: set[str]
-    retiring: set[str]
-    failed: dict[str, str]
-    state_seq: dict[str, int]
+    replicas: KernelReplicas
     log_head: int
     published_seq: int
     executor: str | None

@@ -54,14 +54,14 @@ class PlatformViews(PlatformState):
         record = self.kernels[kernel_id]
         router = record.router
         replicas = []
-        for rid, handle in sorted(record.handles.items()):
-            registration = router.registrations.get(rid)
+        for rid, handle in sorted(record.replicas.handles().items()):
+            registration = record.replicas.registration(rid)
             replicas.append(
                 {
                     "replica_id": rid,
                     "host": handle.host,
                     "state": "ready" if registration else "starting",
-                    "applied_seq": router.state_seq.get(rid, -1),
+                    "applied_seq": record.replicas.applied(rid),
                     "pid": registration.pid if registration else handle.pid,
                     "pod": registration.pod if registration else handle.pod,
                     "change_detection": registration.change_detection if registration else None,

@@ -284,6 +284,22 @@ class ClusterModel:
         host.pending -= kernel.gpus
         self._push(host)
 
+    def rename_replica(self, kernel: Kernel, old: int, new: int, host_name: str) -> None:
+        """Replica ``old`` of ``kernel`` (on ``host_name``) is ``new`` from now on, in the same place of every
+        order (the kernel's replicas, the host's), so ties still go the way they went."""
+        if new in kernel.replicas:
+            raise ValueError(f"kernel {kernel.kernel_id} already has a replica r{new}")
+        kernel.replicas = {(new if rid == old else rid): h for rid, h in kernel.replicas.items()}
+        kernel.replicas[new] = host_name
+        host = self.hosts.get(host_name)
+        if host is not None and (kernel.kernel_id, old) in host.replicas:
+            entry = (kernel.kernel_id, old)
+            host.replicas = {((kernel.kernel_id, new) if key == entry else key): None for key in host.replicas}
+        if kernel.last_executor == old:
+            kernel.last_executor = new
+        if kernel.running is not None and kernel.running.replica_id == old:
+            kernel.running.replica_id = new
+
     def remove_replica(self, kernel: Kernel, replica_id: int) -> str:
         """Forget a replica; returns the host it was on."""
         host_name = kernel.replicas.pop(replica_id)

@@ -202,7 +202,8 @@ class MigrationPlan(Decision):
     """Move one replica of a kernel to another host (start there, catch up, retire the old one).
 
     ``why`` explains the choice of this replica and this target. ``cell_id`` is set when a cell waits for
-    this migration; its GPUs are already reserved on the target.
+    this migration; its GPUs are already reserved on the target. The replica on the target is a new one,
+    ``new_replica_id`` (handed out now): once the move completes it takes the place of ``replica_id``.
     """
 
     migration_id: int
@@ -213,6 +214,7 @@ class MigrationPlan(Decision):
     trigger: str  # "cell", "drain", "request" or "prepare"
     why: str
     cell_id: str | None = None
+    new_replica_id: int = -1
 
     def __str__(self) -> str:
         return (
@@ -339,7 +341,8 @@ class MigrationCompleted(Decision):
         then = f"; {self.run}" if self.run is not None else ""
         return (
             f"migration m{self.plan.migration_id} done: replica r{self.plan.replica_id} of kernel "
-            f"{self.plan.kernel_id} moved from {self.plan.source} to {self.plan.target}{then}"
+            f"{self.plan.kernel_id} moved from {self.plan.source} to {self.plan.target} "
+            f"(now r{self.plan.new_replica_id}){then}"
         )
 
 

@@ -215,7 +215,8 @@ class Scheduler(Configurable):
             model.add_host(spec)
         for k in kernels:
             model.add_kernel(k.kernel_id, k.gpus)
-        for r in replicas:
+        # In id order: the order of a kernel's replicas breaks ties, and ids grow with the replicas' age.
+        for r in sorted(replicas, key=lambda slot: slot.replica_id):
             kernel = model.kernels.get(r.kernel_id)
             host = model.hosts.get(r.host)
             if kernel is None or host is None:
@@ -466,11 +467,11 @@ class Scheduler(Configurable):
         if waiting is not None:
             waiting.migration_id = None
             waiting.started_at = now
-            kernel.last_executor = plan.replica_id
+            kernel.last_executor = plan.new_replica_id
             run = RunCell(
                 kernel.kernel_id,
                 waiting.cell_id,
-                plan.replica_id,
+                plan.new_replica_id,
                 plan.target,
                 waiting.gpus,
                 waiting.device_ids,

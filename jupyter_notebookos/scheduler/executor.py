@@ -114,13 +114,14 @@ def choose_executor(
 def _best_fit(model: ClusterModel, kernel: Kernel, gpus: int) -> tuple[int, Host] | None:
     """The replica whose host binds ``gpus`` leaving the fewest idle GPUs (previous executor on ties)."""
     best: tuple[tuple[int, bool, int], int, Host] | None = None
-    for rid, name in kernel.replicas.items():
+    # Then the oldest replica slot (a migrated replica keeps its predecessor's place).
+    for position, (rid, name) in enumerate(kernel.replicas.items()):
         if rid in kernel.moving:
             continue
         host = model.hosts[name]
         if not host.runnable or host.idle < gpus:
             continue
-        key = (host.idle, rid != kernel.last_executor, rid)
+        key = (host.idle, rid != kernel.last_executor, position)
         if best is None or key < best[0]:
             best = (key, rid, host)
     return None if best is None else (best[1], best[2])

@@ -19,19 +19,21 @@ CANDIDATES = 32
 def replica_to_move(model: ClusterModel, kernel: Kernel, replicas: int) -> tuple[int, str] | None:
     """The replica whose host is the most subscribed (moving it relieves the hottest host), and why."""
     best: tuple[float, int, int] | None = None
+    chosen = -1
     ratios: list[str] = []
-    for rid, host_name in kernel.replicas.items():
+    # Ties go to the oldest replica slot (a migrated replica keeps its predecessor's place).
+    for position, (rid, host_name) in enumerate(kernel.replicas.items()):
         if rid in kernel.moving:
             continue
         host = model.hosts[host_name]
         ratio = host.subscription_ratio(replicas)
         ratios.append(f"{host_name} {ratio:.2f}")
-        key = (ratio, -host.idle, -rid)
+        key = (ratio, -host.idle, -position)
         if best is None or key > best:
-            best = key
+            best, chosen = key, rid
     if best is None:
         return None
-    rid = -best[2]
+    rid = chosen
     why = f"r{rid} is on the most subscribed of the kernel's hosts (ratios {', '.join(ratios)})"
     return rid, why
 
@@ -112,7 +114,9 @@ def begin(
         trigger,
         why,
         cell_id,
+        kernel.next_replica,
     )
+    kernel.next_replica += 1
     model.next_migration_id += 1
     model.migrations[plan.migration_id] = plan
     kernel.moving[replica_id] = (plan.migration_id, target.name)
@@ -121,11 +125,11 @@ def begin(
 
 
 def complete(model: ClusterModel, kernel: Kernel, plan: MigrationPlan) -> None:
-    """The replica now lives on the target."""
+    """The replica now lives on the target, as ``plan.new_replica_id`` (in the old one's place)."""
     del model.migrations[plan.migration_id]
     del kernel.moving[plan.replica_id]
     model.vacate(kernel, plan.replica_id, plan.source)
-    kernel.replicas[plan.replica_id] = plan.target
+    model.rename_replica(kernel, plan.replica_id, plan.new_replica_id, plan.target)
 
 
 def abort(model: ClusterModel, kernel: Kernel, plan: MigrationPlan) -> None:

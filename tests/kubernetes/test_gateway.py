@@ -20,7 +20,8 @@ from replicas import env_of, free_ports, pinned_node, register, run_replica_pods
 
 from jupyter_notebookos.embedded.etcd import EtcdCluster
 from jupyter_notebookos.gateway.nodes import NodeHosts
-from jupyter_notebookos.gateway.platform import GatewayPlatform
+from jupyter_notebookos.gateway.platform import GatewayPlatform, MigrationRequestError
+from jupyter_notebookos.gateway.replicas import Phase
 from jupyter_notebookos.gateway.router import RouterSettings
 from jupyter_notebookos.launchers.base import LaunchError
 from jupyter_notebookos.launchers.kubernetes import (
@@ -165,7 +166,7 @@ async def test_kernel_start_creates_three_anti_affine_pods_with_the_replica_prot
     for pod in pods:
         await register(gateway.platform, pod)
     router = await asyncio.wait_for(start, 10)
-    assert sorted(router.registrations) == ["0", "1", "2"]
+    assert sorted(router.replicas.registrations()) == ["0", "1", "2"]
 
 
 @pytest.mark.asyncio
@@ -193,9 +194,9 @@ async def test_migration_starts_a_pod_pinned_to_the_target_then_deletes_the_old_
         await register(gateway.platform, pod)
     await asyncio.wait_for(start, 10)
     record = gateway.platform.kernels[KERNEL]
-    used = {h.host for h in record.handles.values()}
+    used = {h.host for h in record.replicas.handles().values()}
     (target,) = {"gpu-a", "gpu-b", "gpu-c", "gpu-d"} - used
-    old = record.handles["0"]
+    old = record.replicas.handles()["0"]
     move = asyncio.ensure_future(gateway.platform.migrate(KERNEL, "0", target))
     (new_pod,) = await run_replica_pods(gateway.cluster, 1, skip={p["metadata"]["name"] for p in pods})
     assert pinned_node(new_pod) == target
@@ -206,6 +207,48 @@ async def test_migration_starts_a_pod_pinned_to_the_target_then_deletes_the_old_
     await until(lambda: old.pod not in {p["metadata"]["name"] for p in gateway.replica_pods()})
     deleted = [c["name"] for c in gateway.cluster.called("delete_namespaced_pod")]
     assert old.pod in deleted and new_pod["metadata"]["name"] not in deleted
+
+
+@pytest.mark.asyncio
+async def test_a_migrated_replica_is_a_new_id_in_the_scheduler_the_router_and_the_rest_view(
+    gateway: K8sGateway,
+) -> None:
+    gateway.cluster.add_node("gpu-d", gpus=8)
+    await until(lambda: "gpu-d" in gateway.hosts())
+    start = _start_kernel(gateway.platform)
+    pods = await run_replica_pods(gateway.cluster, 3)
+    for pod in pods:
+        await register(gateway.platform, pod)
+    await asyncio.wait_for(start, 10)
+    platform = gateway.platform
+    record = platform.kernels[KERNEL]
+    seen = {p["metadata"]["name"] for p in pods}
+
+    def ids_everywhere() -> tuple[list[str], list[str], list[str]]:
+        scheduled = platform.scheduler.kernel(KERNEL)
+        assert scheduled is not None
+        return (
+            sorted(str(r.replica_id) for r in scheduled.replicas),
+            sorted(record.replicas.handles()),
+            [r["replica_id"] for r in platform.kernel_summary(KERNEL)["replicas"]],
+        )
+
+    assert ids_everywhere() == (["0", "1", "2"],) * 3
+    for moved, new_id in (("1", "3"), ("3", "4")):
+        (target,) = {"gpu-a", "gpu-b", "gpu-c", "gpu-d"} - {h.host for h in record.replicas.handles().values()}
+        move = asyncio.ensure_future(platform.migrate(KERNEL, moved, target))
+        (new_pod,) = await run_replica_pods(gateway.cluster, 1, skip=seen)
+        seen.add(new_pod["metadata"]["name"])
+        assert new_pod["metadata"]["labels"]["replica_id"] == new_id  # the id the scheduler handed out
+        await register(platform, new_pod)
+        result = await asyncio.wait_for(move, 10)
+        assert (result["previous_replica_id"], result["replica_id"], result["to"]) == (moved, new_id, target)
+        expected = sorted({"0", "2", new_id})
+        assert ids_everywhere() == (expected,) * 3
+        old = record.replicas.get(moved)  # registered until its lease ends (no pod really stops here)
+        assert old is not None and old.handle is None and old.phase is Phase.RETIRING
+        with pytest.raises(MigrationRequestError, match=f"has no replica {moved} "):
+            await platform.migrate(KERNEL, moved, None)
 
 
 @pytest.mark.asyncio
@@ -275,7 +318,7 @@ async def test_the_kernelspec_config_reaches_replacement_replicas_and_is_recorde
     assert all(p["spec"]["containers"][0]["resources"] == expected for p in pods)
     # A replacement replica (here a migration's target) is built from the same config.
     record = gateway.platform.kernels[KERNEL]
-    (target,) = {"gpu-a", "gpu-b", "gpu-c", "gpu-d"} - {h.host for h in record.handles.values()}
+    (target,) = {"gpu-a", "gpu-b", "gpu-c", "gpu-d"} - {h.host for h in record.replicas.handles().values()}
     move = asyncio.ensure_future(gateway.platform.migrate(KERNEL, "0", target))
     (new_pod,) = await run_replica_pods(gateway.cluster, 1, skip={p["metadata"]["name"] for p in pods})
     assert new_pod["spec"]["containers"][0]["resources"] == expected
