@@ -31,19 +31,27 @@ behind Nagle's algorithm and the client's delayed ACK. A trivial cell takes abou
 
 The fix, in our handler rather than in the installed packages:
 
-- A new connection for a session *supersedes* the stale one without waiting for it. If the stale handler had
-  opened, its ZMQ streams are handed over through the kernel manager's message buffer (the same mechanism a
-  normal reconnect uses), so the new connection adopts them with nothing lost and no clash of ZMQ
-  identities; the stale websocket is then closed in the background. If the stale handler was still in its
-  handshake, that handshake is refused (HTTP 409) and it never creates streams.
-- ``on_close`` of a handler that never opened touches neither the connection count nor the buffer.
+- A session's connections never wait for each other, and none is refused. Which of them serves the session is
+  settled by what they do: the connection that opened last takes the session's ZMQ streams (handed over
+  directly, so nothing queued in them is lost and no second socket claims the ZMQ identity), and the one it took
+  them from stays open on standby. A standby connection that receives a message from its client is the live
+  one: it takes the streams back before forwarding the message. When the connection holding the streams
+  receives a message from its client, the session's standby connections are closed (in the background).
+- Why not "the newest connection wins", as this handler first did: the Jupyter server's abandoned upstream
+  connection can reach the gateway *after* the live one (arrival order at the gateway is not the browser's
+  order). Refusing the live one's handshake (HTTP 409) made the Jupyter server drop the messages its client
+  sent meanwhile ("Ignoring message on failed connection") and retry 1-2 s later: a new notebook's first cell
+  was lost (CI, 2026-12-03: `print(1+1)` never ran). Closing an opened live connection loses messages the same
+  way. A connection that has not said anything cannot be told from an abandoned one; one that speaks can.
+- ``on_close`` of a handler that never opened touches neither the connection count nor the buffer; the
+  connection holding the streams hands them to a standby connection, if any, instead of closing them.
 - ``nudge()`` re-creates any missing or closed channel first, so it never hits a missing channel.
 - A handler whose client left during its handshake never creates streams.
 
-Why this is right: a session id names one client, and the newest connection for it is the live one; an
-older one can only be abandoned or dead, so waiting for it can never help, and its ZMQ streams (same
-identity) belong to the newcomer. The fault is triggered by the Jupyter server's gateway client, which we
-do not control (users bring their own Lab/Notebook), so the gateway must tolerate it.
+Why this is right: a session id names one client, so at most one of its connections is live, and only the live
+one sends messages; kernel output goes to the connection that opened last until the live one speaks. The fault
+is triggered by the Jupyter server's gateway client, which we do not control (users bring their own
+Lab/Notebook), so the gateway must tolerate it.
 
 `handler_overrides()` lists the URL patterns this module serves, for the gateway app to install in place of
 EG's own handler (see `install_overrides`).
@@ -51,12 +59,13 @@ EG's own handler (see `install_overrides`).
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, ClassVar
 
 from enterprise_gateway.services.kernels.handlers import ZMQChannelsHandler
+from jupyter_server.services.kernels.handlers import ZMQChannelsHandler as ServerChannelsHandler
 from jupyter_server.services.kernels.handlers import _kernel_id_regex
 from jupyter_server.utils import url_path_join
-from tornado import web
 
 CHANNELS = ("iopub", "shell", "control", "stdin")
 
@@ -65,77 +74,108 @@ CHANNELS_PATTERN = rf"/api/kernels/{_kernel_id_regex}/channels"
 
 
 class KernelChannelsHandler(ZMQChannelsHandler):
-    """EG's kernel websocket with TCP_NODELAY, and a session reconnect that never waits on the old socket."""
+    """EG's kernel websocket with TCP_NODELAY, and a session's connections settled by what they do."""
 
     channels: dict[str, Any]  # channel name -> ZMQStream, as in the stock handler
     _on_close_called: bool  # tornado's: on_close has run
     _opened: bool
-    _superseded: bool
+    _proven: bool  # its client sent a message while it held the session's streams
+    # Per session key: its opened connections that do not hold the streams (newest last). The holder is the
+    # stock handler's ``_open_sessions[session_key]``.
+    _standby: ClassVar[dict[str, list[KernelChannelsHandler]]] = {}
 
     def initialize(self) -> None:
         """Per-connection state, on top of the stock handler's."""
         super().initialize()
         self._opened = False
-        self._superseded = False
-
-    async def pre_get(self) -> None:
-        """Authenticate, register the session, wait for the kernel; refuse if superseded meanwhile."""
-        await super().pre_get()
-        if self._superseded:
-            # A newer connection for this session took over while we waited for the kernel.
-            raise web.HTTPError(409, f"Connection superseded by a newer one for session {self.session_key}")
+        self._proven = False
+        self._nudging: Any = None  # the stock open's nudge of the kernel, while it runs
 
     async def _register_session(self) -> None:
-        """Register this connection for its session, superseding (not awaiting) any earlier one."""
+        """Name this connection's session; never wait for (or close) an earlier connection of it."""
         self.session_key = f"{self.kernel_id}:{self.session.session}"
-        stale = self._open_sessions.get(self.session_key)
-        if stale is not None and stale is not self:
-            self.log.warning("Replacing stale connection: %s", self.session_key)
-            self._supersede(stale)
-        if self.kernel_id in self.kernel_manager:
-            self._open_sessions[self.session_key] = self
 
-    def _supersede(self, stale: Any) -> None:
-        """Take over from `stale`: hand its live streams over to this connection and close it later."""
-        stale._superseded = True
-        if self._open_sessions.get(self.session_key) is stale:
-            self._open_sessions.pop(self.session_key)
-        channels = stale.channels
-        stale.channels = {}
-        km = self.kernel_manager
-        if channels and self.kernel_id in km and not self._other_session_buffering():
-            # open() finds these in the buffer under our (identical) session key, adopts them, and replays
-            # what arrived in between: no message is lost and no second socket claims the ZMQ identity.
-            km.start_buffering(self.kernel_id, self.session_key, channels)
-        else:
-            for stream in channels.values():
-                if not stream.closed():
-                    stream.on_recv(None)
-                    stream.close()
-        # Closing waits for the peer's close frame (tornado aborts after 5 s): never wait for it here.
-        stale.close()
-
-    def _other_session_buffering(self) -> bool:
-        """Whether another session's offline messages are being buffered for this kernel.
-
-        The kernel manager buffers for one session per kernel; starting ours would discard theirs.
-        """
-        buffers: Any = getattr(self.kernel_manager, "_kernel_buffers", None) or {}
-        # .get(): the manager's buffer map is a defaultdict, and indexing would create an entry.
-        info: Any = buffers.get(self.kernel_id)
-        return bool(info) and info.get("session_key") != self.session_key
-
-    def open(self, kernel_id: str) -> Any:
-        """Open the websocket with TCP_NODELAY; a superseded connection closes instead of connecting."""
-        if self._superseded or self._on_close_called:
-            # Superseded during the handshake, or the client left during it (tornado already ran
-            # on_close): creating streams now would leak them.
+    async def open(self, kernel_id: str) -> Any:
+        """Open with TCP_NODELAY, taking the session's streams from the connection that holds them, if any."""
+        await self._holder_settled()
+        if self._on_close_called:
+            # The client left during the handshake (tornado already ran on_close): creating streams now
+            # would leak them.
             self.close()
             return None
         # Kernel messages are small frames: without this, each one waits on Nagle and delayed ACKs.
         self.set_nodelay(True)
         self._opened = True
-        return super().open(kernel_id)
+        holder = self._open_sessions.get(self.session_key)
+        if holder is None or holder is self or not holder.channels or kernel_id not in self.kernel_manager:
+            # The stock way: restore a buffered session, or new streams; then nudge the kernel.
+            connected = super().open(kernel_id)
+            if kernel_id in self.kernel_manager and self.channels:
+                self._open_sessions[self.session_key] = self
+            self._nudging = connected
+            return await connected if connected is not None else None
+        self.log.warning("Replacing stale connection: %s (it stays open on standby)", self.session_key)
+        # The websocket's own set-up (pings) without the stock handler's streams. (mypy cannot see that EG's
+        # handler class, untyped, derives from the stock one.)
+        super(ServerChannelsHandler, self).open()  # type: ignore[misc]
+        km = self.kernel_manager
+        km.notify_connect(kernel_id)
+        km.add_restart_callback(kernel_id, self.on_kernel_restarted)
+        km.add_restart_callback(kernel_id, self.on_restart_failed, "dead")
+        self._take_streams_from(holder)
+        return None
+
+    async def _holder_settled(self) -> None:
+        """Wait while the session's stream holder still nudges the kernel: its nudge listens on the streams and
+        unhooks their callbacks when it ends, so they must not change hands before then."""
+        while True:
+            holder = self._open_sessions.get(getattr(self, "session_key", None))
+            nudging = holder._nudging if holder is not None and holder is not self else None
+            if nudging is None or nudging.done():
+                return
+            with contextlib.suppress(Exception):  # its own failure is the holder's to report
+                await nudging
+
+    def _take_streams_from(self, holder: KernelChannelsHandler) -> None:
+        """Serve the session from now on with ``holder``'s streams; ``holder`` goes on standby."""
+        channels, holder.channels = holder.channels, {}
+        for stream in channels.values():
+            stream.on_recv_stream(self._on_zmq_reply)
+        self.channels = channels
+        self._open_sessions[self.session_key] = self
+        self._proven = holder._proven = False
+        standby = self._standby.setdefault(self.session_key, [])
+        if self in standby:
+            standby.remove(self)
+        if holder._opened and not holder._on_close_called:
+            standby.append(holder)
+
+    async def on_message(self, ws_msg: Any) -> None:
+        """Forward a client's message; a standby connection that speaks is the live one and takes the streams."""
+        if not self._proven:
+            if self._open_sessions.get(self.session_key) is not self:
+                await self._holder_settled()
+                if self._open_sessions.get(self.session_key) is not self:
+                    self._claim()
+            self._proven = True
+            for other in self._standby.pop(self.session_key, []):
+                if other is not self:
+                    other.close()  # abandoned: it waits for a close frame its peer never sends (tornado: 5 s)
+        super().on_message(ws_msg)
+
+    def _claim(self) -> None:
+        holder = self._open_sessions.get(self.session_key)
+        if holder is not None and holder is not self and holder.channels:
+            self.log.warning("Standby connection speaks, it takes the session over: %s", self.session_key)
+            self._take_streams_from(holder)
+            return
+        if self.kernel_id not in self.kernel_manager:
+            return  # the kernel is gone: the stock handler ignores the message (no channels)
+        # Nobody holds the streams (the holder closed while this one was not on standby): new ones.
+        self.create_stream()
+        for stream in self.channels.values():
+            stream.on_recv_stream(self._on_zmq_reply)
+        self._open_sessions[self.session_key] = self
 
     def nudge(self) -> Any:
         """Nudge the kernel as the stock handler does, after making sure every channel is open."""
@@ -149,15 +189,24 @@ class KernelChannelsHandler(ZMQChannelsHandler):
         return super().nudge()
 
     def on_close(self) -> None:
-        """Release this connection; only a connection that opened and still owns its streams buffers."""
-        if self._opened and not self._superseded:
-            super().on_close()
-            return
-        if self._open_sessions.get(self.session_key) is self:
-            self._open_sessions.pop(self.session_key)
+        """Release this connection: the stream holder hands them to a standby connection, if there is one, else
+        closes or buffers them as the stock handler does; a standby or never-opened one only says goodbye."""
+        key = getattr(self, "session_key", None)
+        standby = self._standby.get(key, []) if key is not None else []
+        if self in standby:
+            standby.remove(self)
+        if key is not None and not standby:
+            self._standby.pop(key, None)
         km = self.kernel_manager
+        holds = key is not None and self._open_sessions.get(key) is self
+        if self._opened and holds and not (standby and self.channels and self.kernel_id in km):
+            super().on_close()  # the stock way: buffer the session if this was its last connection
+            return
+        if holds and standby and self.channels and self.kernel_id in km:
+            standby[-1]._take_streams_from(self)  # the newest standby connection serves the session now
+        if holds and self._open_sessions.get(key) is self:
+            self._open_sessions.pop(key)
         if self._opened and self.kernel_id in km:
-            # Superseded after opening: undo what open() registered; the streams belong to the successor.
             km.notify_disconnect(self.kernel_id)
             km.remove_restart_callback(self.kernel_id, self.on_kernel_restarted)
             km.remove_restart_callback(self.kernel_id, self.on_restart_failed, "dead")
@@ -168,15 +217,6 @@ class KernelChannelsHandler(ZMQChannelsHandler):
         self.channels = {}
         if not self._close_future.done():
             self._close_future.set_result(None)
-
-    def close(self, code: int | None = None, reason: str | None = None) -> Any:
-        """Close the websocket; the returned future resolves in `on_close` (at once if superseded before opening)."""
-        future = super().close()
-        if self._superseded and not self._opened and not self._close_future.done():
-            # Nothing to close yet: the pending handshake fails instead (see pre_get), so do not make a
-            # caller wait on an on_close that may never come.
-            self._close_future.set_result(None)
-        return future
 
 
 def handler_overrides() -> list[tuple[str, type]]:

@@ -145,6 +145,34 @@ def test_reconnect_takes_over_an_open_connection_without_losing_output(handler_g
             old.close()
 
 
+def test_an_older_connection_that_speaks_takes_the_session_back(handler_gateway: Service, kernel: str) -> None:
+    """The Jupyter server's abandoned upstream connection can reach the gateway after the live one (arrival order
+    is not the browser's). The newer, silent connection must not cost the live one its messages: the live one is
+    kept open on standby, takes the session back when its client speaks, and the silent one is then closed."""
+    url, token = handler_gateway.url, handler_gateway.token
+    live = KernelSocket(url, token, kernel, timeout=30)
+    try:
+        abandoned = KernelSocket(url, token, kernel, live.session_id, timeout=30)  # opened later, never read
+        try:
+            messages, _ = live.execute("print(1+1)", timeout=10)
+            assert stdout_of(messages) == "2\n"
+            messages, _ = live.execute("print(40 + 2)", timeout=10)
+            assert stdout_of(messages) == "42\n"
+            deadline = time.monotonic() + 10  # the abandoned one goes after tornado's 5 s close timeout
+            while connections(url, token, kernel) != 1 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert connections(url, token, kernel) == 1
+        finally:
+            with contextlib.suppress(Exception):
+                abandoned.close()
+    finally:
+        live.close()
+    deadline = time.monotonic() + 5
+    while connections(url, token, kernel) != 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert connections(url, token, kernel) == 0
+
+
 def test_gateway_app_serves_kernel_channels_with_our_handler() -> None:
     from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
     from jupyter_notebookos.gateway.ownership import IdentifiedHandlerMixin
