@@ -184,8 +184,8 @@ async def test_a_pending_pod_with_a_blocking_event_fails_the_kernel_start_fast(g
     assert KERNEL not in gateway.platform.kernels
 
 
-@pytest.mark.asyncio
-async def test_migration_starts_a_pod_pinned_to_the_target_then_deletes_the_old_one(gateway: K8sGateway) -> None:
+async def _kernel_on_three_of_four_nodes(gateway: K8sGateway) -> list[dict[str, Any]]:
+    """A fourth GPU node, and the kernel started with its three replica pods running and registered."""
     gateway.cluster.add_node("gpu-d", gpus=8)
     await until(lambda: "gpu-d" in gateway.hosts())
     start = _start_kernel(gateway.platform)
@@ -193,6 +193,12 @@ async def test_migration_starts_a_pod_pinned_to_the_target_then_deletes_the_old_
     for pod in pods:
         await register(gateway.platform, pod)
     await asyncio.wait_for(start, 10)
+    return pods
+
+
+@pytest.mark.asyncio
+async def test_migration_starts_a_pod_pinned_to_the_target_then_deletes_the_old_one(gateway: K8sGateway) -> None:
+    pods = await _kernel_on_three_of_four_nodes(gateway)
     record = gateway.platform.kernels[KERNEL]
     used = {h.host for h in record.replicas.handles().values()}
     (target,) = {"gpu-a", "gpu-b", "gpu-c", "gpu-d"} - used
@@ -213,13 +219,7 @@ async def test_migration_starts_a_pod_pinned_to_the_target_then_deletes_the_old_
 async def test_a_migrated_replica_is_a_new_id_in_the_scheduler_the_router_and_the_rest_view(
     gateway: K8sGateway,
 ) -> None:
-    gateway.cluster.add_node("gpu-d", gpus=8)
-    await until(lambda: "gpu-d" in gateway.hosts())
-    start = _start_kernel(gateway.platform)
-    pods = await run_replica_pods(gateway.cluster, 3)
-    for pod in pods:
-        await register(gateway.platform, pod)
-    await asyncio.wait_for(start, 10)
+    pods = await _kernel_on_three_of_four_nodes(gateway)
     platform = gateway.platform
     record = platform.kernels[KERNEL]
     seen = {p["metadata"]["name"] for p in pods}
