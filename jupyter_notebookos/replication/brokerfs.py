@@ -18,10 +18,10 @@ import io
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import fsspec
@@ -32,6 +32,7 @@ PROTOCOL = "notebookos-broker"
 
 log = logging.getLogger(__name__)
 _BROKER_TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
+_T = TypeVar("_T")
 
 
 class BrokerRefused(PermissionError):
@@ -83,9 +84,8 @@ class BrokeredFileSystem(AbstractFileSystem):
     def _ask(self, method: str, url: str, body: Any = None) -> Any:
         """The gateway's JSON answer; a gateway that is down or starting (no answer, 502-504) is asked again
         for up to ``broker_wait`` seconds."""
-        deadline = time.monotonic() + self.broker_wait
-        pause = 0.25
-        while True:
+
+        def attempt() -> tuple[urllib3.BaseHTTPResponse | None, str]:
             try:
                 answer = self._http.request(
                     method,
@@ -95,18 +95,15 @@ class BrokeredFileSystem(AbstractFileSystem):
                     retries=False,
                     timeout=_BROKER_TIMEOUT,  # signing takes milliseconds: a hung gateway is asked again
                 )
-                if answer.status not in (502, 503, 504):
-                    break
-                why = f"HTTP {answer.status}"
             except urllib3.exceptions.HTTPError as err:
-                why = str(err)
-            if time.monotonic() + pause > deadline:
-                raise ConnectionError(
-                    f"the gateway's object broker at {self.broker} did not answer for {self.broker_wait:.0f} s: {why}"
-                )
-            log.warning("the gateway's object broker does not answer (%s); asking again in %.1f s", why, pause)
-            time.sleep(pause)
-            pause = min(pause * 2, 5.0)
+                return None, str(err)
+            return (None, f"HTTP {answer.status}") if answer.status in (502, 503, 504) else (answer, "")
+
+        answer = self._until_done(
+            attempt,
+            f"the gateway's object broker at {self.broker} did not answer",
+            "the gateway's object broker does not answer; asking again",
+        )
         try:
             payload = json.loads(answer.data or b"{}")
         except ValueError:
@@ -135,25 +132,37 @@ class BrokeredFileSystem(AbstractFileSystem):
         """Sign ``op`` on ``path`` and carry it out. When the data path fails (no answer, 502-504), or a URL is
         refused right after it was signed (a store the gateway serves itself, restarted in between: its new
         process signs with a new secret), sign again and retry, for up to ``broker_wait`` seconds."""
-        deadline = time.monotonic() + self.broker_wait
-        pause = 0.25
         refused_once = False
-        while True:
+
+        def attempt() -> tuple[urllib3.BaseHTTPResponse | None, str]:
+            nonlocal refused_once
             method, url = self._signed(path, op)
             try:
                 response = self._store(method, url, **kwargs)
-                if response.status not in (502, 503, 504) and (response.status != 403 or refused_once):
-                    return response
-                refused_once = refused_once or response.status == 403
-                why = f"HTTP {response.status}"
-                if not kwargs.get("preload_content", True):
-                    response.drain_conn()
-                    response.release_conn()
             except ConnectionError as err:
-                why = str(err)
+                return None, str(err)
+            if response.status not in (502, 503, 504) and (response.status != 403 or refused_once):
+                return response, ""
+            refused_once = refused_once or response.status == 403
+            if not kwargs.get("preload_content", True):
+                response.drain_conn()
+                response.release_conn()
+            return None, f"HTTP {response.status}"
+
+        return self._until_done(attempt, f"could not {op} {path}", f"{op} {path} failed; signing again")
+
+    def _until_done(self, attempt: Callable[[], tuple[_T | None, str]], giving_up: str, retrying: str) -> _T:
+        """``attempt()`` until it gives a result (with ``(None, why)`` it failed), pausing 0.25 s, doubling up to
+        5 s, between tries; after ``broker_wait`` seconds, ``ConnectionError("<giving_up> for N s: <why>")``."""
+        deadline = time.monotonic() + self.broker_wait
+        pause = 0.25
+        while True:
+            result, why = attempt()
+            if result is not None:
+                return result
             if time.monotonic() + pause > deadline:
-                raise ConnectionError(f"could not {op} {path} for {self.broker_wait:.0f} s: {why}")
-            log.warning("%s %s: %s; signing again in %.1f s", op, path, why, pause)
+                raise ConnectionError(f"{giving_up} for {self.broker_wait:.0f} s: {why}")
+            log.warning("%s (%s) in %.1f s", retrying, why, pause)
             time.sleep(pause)
             pause = min(pause * 2, 5.0)
 
