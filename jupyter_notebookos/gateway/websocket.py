@@ -198,14 +198,13 @@ class KernelChannelsHandler(ZMQChannelsHandler):
         if key is not None and not standby:
             self._standby.pop(key, None)
         km = self.kernel_manager
-        holds = key is not None and self._open_sessions.get(key) is self
-        if self._opened and holds and not (standby and self.channels and self.kernel_id in km):
+        holds = key is not None and self._open_sessions.get(key) is self  # only an opened connection holds them
+        heir = standby[-1] if holds and standby and self.channels and self.kernel_id in km else None
+        if holds and heir is None:
             super().on_close()  # the stock way: buffer the session if this was its last connection
             return
-        if holds and standby and self.channels and self.kernel_id in km:
-            standby[-1]._take_streams_from(self)  # the newest standby connection serves the session now
-        if holds and self._open_sessions.get(key) is self:
-            self._open_sessions.pop(key)
+        if heir is not None:
+            heir._take_streams_from(self)  # the newest standby connection serves the session now
         if self._opened and self.kernel_id in km:
             km.notify_disconnect(self.kernel_id)
             km.remove_restart_callback(self.kernel_id, self.on_kernel_restarted)
