@@ -41,9 +41,9 @@ from jupyter_notebookos.simulator.workload import Session, Task, Workload
 
 TRACE_COLUMNS = ("job_id", "num_gpu", "submit_time", "iterations", "model_name", "duration", "interval")
 MINUTE_S = 60.0
+TICK_S = 60.0
 #: A job-list row: (job_id, num_gpu, submit_min, duration_min, state_bytes).
 Row = tuple[int, int, int, int, int]
-TICK_S = 60.0
 
 
 class TraceFormatError(ValueError):
