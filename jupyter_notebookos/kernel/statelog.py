@@ -134,6 +134,8 @@ class StateLog:
         else:
             payload_ref = self.store.put_buffer(data).key
             objects.append(payload_ref)
+        if self.lineage is not None:
+            self.lineage.commit(refs)
         return LogRecord(
             seq=seq,
             kind="delta",
@@ -184,7 +186,8 @@ class StateLog:
         return PendingDelta(record, store.views, sorted(record.bound), [])
 
     def finish_checkpoint(self, pending: PendingDelta, seq: int) -> CheckpointPointer:
-        """Upload a pickled namespace as the checkpoint for log record ``seq``; returns its pointer."""
+        """Upload a pickled namespace as the checkpoint for log record ``seq``; returns its pointer. A buffer
+        the replicas hold under a lineage is named by its layout, not uploaded again (chunks.py)."""
         lineage = self.lineage
         refs = tuple(
             lineage.encode_whole(view, self.store) if lineage is not None else self.store.put_buffer(view)
@@ -193,6 +196,8 @@ class StateLog:
         record = dataclasses.replace(pending.record, buffers=refs)
         data = record.to_bytes()
         ref = self.store.put_checkpoint(seq, data)
+        if lineage is not None:
+            lineage.commit(refs)
         return CheckpointPointer(
             seq=seq, ref=ref, objects=record.object_keys, replica_id=self.replica_id, digest=content_digest(data)
         )

@@ -12,8 +12,16 @@ that lands later is either already in the upload or still recorded as written (i
 and goes in a later record; records are applied strictly in order, so a replica's memory for a lineage is
 always the executor's as of the previous record that carried it. A replica that does not hold the lineage
 (it restored from a checkpoint written without it, or its memory was replaced) cannot apply the patch and
-says so; checkpoints carry every buffer whole with its lineage, so a replica restored from one can apply the
-records after it.
+says so.
+
+Checkpoints cost what changed too: every replica keeps, per lineage, its *layout*: the whole buffer that
+started it and the latest chunk at each offset patched since. All replicas apply the same records in the
+same order, so their layouts are the same, and a checkpoint names a lineage's layout (base and chunks, already
+in the store) instead of hashing and uploading the buffer again. A replica restored from it loads the base,
+patches the chunks in and holds the lineage, so it can apply the records after it. Garbage collection keeps
+what the checkpoint and the log name, which is every object of every replica's layouts. A layout changes only
+with what was uploaded and committed (:meth:`BufferLineage.commit`): a record whose upload failed leaves it
+as the other replicas know it.
 
 A buffer the kernel does not track (below the tracking size, read-only, a file mapping, or no write tracking
 on this machine) is sent whole, as before.
@@ -26,6 +34,7 @@ import secrets
 import sys
 import threading
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +54,8 @@ class LineageMissingError(LookupError):
 
 @dataclass(frozen=True)
 class TrackedBuffer:
-    """A buffer of a lineage, in a record: whole (``whole``) or as the chunks that changed (``chunks``)."""
+    """A buffer of a lineage, in a record: whole (``whole``), as the chunks that changed (``chunks``), or, in a
+    checkpoint, both: the whole buffer the lineage started with and the chunks patched into it since."""
 
     lineage: str
     size: int
@@ -55,7 +65,7 @@ class TrackedBuffer:
     @property
     def refs(self) -> list[BufferRef]:
         """The objects this entry needs from the store."""
-        return [self.whole] if self.whole is not None else [ref for _, ref in self.chunks]
+        return ([self.whole] if self.whole is not None else []) + [ref for _, ref in self.chunks]
 
     @property
     def key(self) -> str:
@@ -65,13 +75,17 @@ class TrackedBuffer:
 
     def to_header(self) -> list[Any]:
         """The entry in a record header's buffer list."""
-        if self.whole is not None:
+        if self.whole is not None and not self.chunks:
             return [self.size, self.whole.digest, self.lineage]
-        return [self.size, {"l": self.lineage, "c": [[off, ref.digest, ref.size] for off, ref in self.chunks]}]
+        entry: dict[str, Any] = {"l": self.lineage, "c": [[off, ref.digest, ref.size] for off, ref in self.chunks]}
+        if self.whole is not None:
+            entry["w"] = self.whole.digest
+        return [self.size, entry]
 
     @classmethod
     def from_header(cls, entry: list[Any]) -> TrackedBuffer | BufferRef:
-        """Parse a header entry: ``[size, digest]`` (untracked), ``[size, digest, lineage]`` or a patch."""
+        """Parse a header entry: ``[size, digest]`` (untracked), ``[size, digest, lineage]`` (whole) or
+        ``[size, {"l": lineage, "c": chunks}]`` (a patch; with ``"w": digest``, a checkpoint's layout)."""
         if not isinstance(entry, list) or len(entry) not in (2, 3) or not isinstance(entry[0], int):
             raise ValueError(f"bad buffer entry {entry!r}")
         size = entry[0]
@@ -79,7 +93,12 @@ class TrackedBuffer:
             chunks = tuple(
                 (int(off), BufferRef(ObjectStore.buffer_key(str(d)), int(n), str(d))) for off, d, n in entry[1]["c"]
             )
-            return cls(lineage=str(entry[1]["l"]), size=size, chunks=chunks)
+            for off, ref in chunks:
+                if off < 0 or ref.size <= 0 or off + ref.size > size:
+                    raise ValueError(f"chunk at {off} ({ref.size} bytes) outside a buffer of {size} bytes")
+            base = entry[1].get("w")
+            whole = BufferRef(ObjectStore.buffer_key(str(base)), size, str(base)) if base is not None else None
+            return cls(lineage=str(entry[1]["l"]), size=size, whole=whole, chunks=chunks)
         whole = BufferRef(ObjectStore.buffer_key(str(entry[1])), size, str(entry[1]))
         return cls(lineage=str(entry[2]), size=size, whole=whole) if len(entry) == 3 else whole
 
@@ -92,12 +111,24 @@ def _chunk_offsets(spans: list[tuple[int, int]], size: int) -> list[int]:
     return sorted(offsets)
 
 
+@dataclass
+class _Layout:
+    """Where a lineage's bytes are in the store: the whole buffer it started with, patched by these chunks."""
+
+    base: BufferRef
+    patches: dict[int, BufferRef]  # byte offset -> the latest chunk written there
+
+    def entry(self, lineage: str) -> TrackedBuffer:
+        return TrackedBuffer(lineage, self.base.size, whole=self.base, chunks=tuple(sorted(self.patches.items())))
+
+
 class BufferLineage:
     """One replica's lineages: which of its buffers the other replicas hold, and under what id.
 
-    On the executor, :meth:`encode` turns a record's buffer into a whole upload (a new lineage) or a patch;
-    on a follower, :meth:`resolve` turns a record's entry into the buffer to unpickle (patched in place for a
-    patch). A replica that becomes the executor patches the lineages it received: both sides share the index.
+    On the executor, :meth:`encode` turns a record's buffer into a whole upload (a new lineage) or a patch,
+    and :meth:`encode_whole` a checkpoint's buffer into its lineage's layout; on a follower, :meth:`resolve`
+    turns a record's entry into the buffer to unpickle (patched in place for a patch). A replica that becomes
+    the executor patches (and checkpoints) the lineages it received: both sides share the index.
     """
 
     def __init__(self, writes: PageWriteTracker | None) -> None:
@@ -108,6 +139,7 @@ class BufferLineage:
         self._memory: dict[str, numpy.ndarray] = {}  # lineage -> the memory this replica loaded for it
         # lineage -> the object whose buffer this replica sent whole (weakly: the user's array owns it)
         self._sent: dict[str, weakref.ref[Any]] = {}
+        self._layouts: dict[str, _Layout] = {}  # lineage -> its bytes in the store, as of the last record
 
     # -- executor --------------------------------------------------------------------------------------
 
@@ -139,17 +171,33 @@ class BufferLineage:
         return TrackedBuffer(lineage=lineage, size=len(view), whole=whole)
 
     def encode_whole(self, view: memoryview, store: ObjectStore) -> BufferRef | TrackedBuffer:
-        """Upload ``view`` whole (a checkpoint), under its lineage when it has one (so patches still apply)."""
+        """``view`` complete, for a checkpoint: its lineage's layout when it has one (nothing read or
+        uploaded: the bytes are in the store already), else uploaded whole."""
         view = as_bytes_view(view)
         address, writes = buffer_address(view), self.writes
-        whole = store.put_buffer(view)
         if writes is None or address is None:
-            return whole
+            return store.put_buffer(view)
         with self._lock:
             known = self._by_address.get((address, view.nbytes))
+            layout = self._layouts.get(known[0]) if known is not None else None
         if known is None or known[1] != writes.registration(view):
-            return whole
-        return TrackedBuffer(lineage=known[0], size=len(view), whole=whole)
+            return store.put_buffer(view)
+        if layout is not None and layout.base.size == view.nbytes:
+            # As of the last record: writes since are still recorded as written and go in the next one.
+            return layout.entry(known[0])
+        return TrackedBuffer(lineage=known[0], size=len(view), whole=store.put_buffer(view))
+
+    def commit(self, entries: Iterable[BufferRef | TrackedBuffer]) -> None:
+        """Entries uploaded for a record or checkpoint that will be published: their lineages' layouts now
+        include them (not before: a record lost on its way leaves the layouts as the other replicas have them)."""
+        with self._lock:
+            for entry in entries:
+                if not isinstance(entry, TrackedBuffer):
+                    continue
+                if entry.whole is not None:
+                    self._layouts[entry.lineage] = _Layout(entry.whole, dict(entry.chunks))
+                elif (layout := self._layouts.get(entry.lineage)) is not None:
+                    layout.patches.update(entry.chunks)
 
     # -- follower --------------------------------------------------------------------------------------
 
@@ -161,8 +209,12 @@ class BufferLineage:
             # A uint8 array over the fetched bytes: arrays unpickled from it keep it as their base, which is
             # how prune() knows when nothing uses it any more.
             loaded = numpy.empty(entry.size, dtype=numpy.uint8)  # not zero-filled: see get_buffer_into
-            store.get_buffer_into(entry.whole, memoryview(loaded))  # type: ignore[arg-type]
+            view = memoryview(loaded)  # type: ignore[arg-type]
+            store.get_buffer_into(entry.whole, view)
+            for off, ref in entry.chunks:  # a checkpoint's layout: the chunks patched in since
+                view[off : off + ref.size] = store.get_buffer(ref)
             self._adopt(entry.lineage, loaded)
+            self.commit([entry])
             return loaded
         held = self._memory_of(entry.lineage)
         if held is None or len(held) != entry.size:
@@ -174,6 +226,7 @@ class BufferLineage:
         view = memoryview(held)  # type: ignore[arg-type]
         for off, chunk in data:
             view[off : off + len(chunk)] = chunk
+        self.commit([entry])
         return held
 
     def _memory_of(self, lineage: str) -> numpy.ndarray | None:
@@ -221,6 +274,9 @@ class BufferLineage:
                 for key, (_, registration) in list(self._by_address.items()):
                     if writes.registration_at(key) != registration:
                         del self._by_address[key]
+            live = {lineage for lineage, _ in self._by_address.values()} | set(self._memory) | set(self._sent)
+            for lineage in [k for k in self._layouts if k not in live]:
+                del self._layouts[lineage]
 
     def clear(self) -> None:
         """Forget every lineage (the namespace was replaced: everything goes whole again)."""
@@ -228,6 +284,7 @@ class BufferLineage:
             self._memory.clear()
             self._sent.clear()
             self._by_address.clear()
+            self._layouts.clear()
 
     @property
     def lineages(self) -> int:

@@ -7,7 +7,8 @@ A record is ``b"NBS1"``, a 4-byte little-endian header length, a JSON header and
              "x": [[size, digest], ...]   out-of-band buffers, in the order the pickle consumes them; a
                                           write-tracked one is [size, digest, lineage] (whole) or
                                           [size, {"l": lineage, "c": [[offset, digest, size], ...]}]
-                                          (the chunks that changed: chunks.py)
+                                          (the chunks that changed: chunks.py); in a checkpoint
+                                          also "w": digest (the lineage's base, patched by "c")
              "u": {name: reason}}         names whose value could not be serialized
     payload cloudpickle (protocol 5) of the list of bound values, ALL IN ONE PICKLE
 
@@ -139,9 +140,7 @@ def _make_notebook_function(code: types.CodeType, name: str, nfree: int) -> type
     return types.FunctionType(code, _current_namespace(), name, None, closure)
 
 
-def _notebook_function_setstate(
-    func: types.FunctionType, state: tuple[dict[str, Any], dict[str, Any]]
-) -> None:
+def _notebook_function_setstate(func: types.FunctionType, state: tuple[dict[str, Any], dict[str, Any]]) -> None:
     attrs, slots = state
     func.__dict__.update(attrs)
     cells = slots.pop("closure_values", ())
@@ -188,12 +187,7 @@ class NamespacePickler(cloudpickle.Pickler):
         reduced = super().reducer_override(obj)
         if isinstance(obj, type) and isinstance(reduced, tuple) and len(reduced) > 2:
             state = reduced[2]
-            if (
-                isinstance(state, tuple)
-                and state
-                and isinstance(state[0], dict)
-                and "__slotnames__" in state[0]
-            ):
+            if isinstance(state, tuple) and state and isinstance(state[0], dict) and "__slotnames__" in state[0]:
                 # copyreg caches __slotnames__ on a class the first time one of its instances is pickled:
                 # a side effect of pickling, not a change the user made, and recomputed on demand anyway.
                 clsdict = {k: v for k, v in state[0].items() if k != "__slotnames__"}
@@ -342,9 +336,7 @@ def _buffer_entry(entry: Any) -> BufferRef | TrackedBuffer:
         raise RecordFormatError(f"state record header has a damaged buffer entry: {exc}") from exc
 
 
-def _dump(
-    values: list[Any], namespace: Mapping[str, Any], threshold: int
-) -> tuple[bytes, list[pickle.PickleBuffer]]:
+def _dump(values: list[Any], namespace: Mapping[str, Any], threshold: int) -> tuple[bytes, list[pickle.PickleBuffer]]:
     out_of_band: list[pickle.PickleBuffer] = []
 
     def buffer_callback(buf: pickle.PickleBuffer) -> bool:
@@ -388,9 +380,7 @@ def encode_values(
             payload, buffers = _dump(list(remaining.values()), namespace, threshold)
             break
         except Exception as exc:
-            culprits = {
-                n: r for n, v in remaining.items() if (r := unpicklable_reason(v, namespace)) is not None
-            }
+            culprits = {n: r for n, v in remaining.items() if (r := unpicklable_reason(v, namespace)) is not None}
             if not culprits:
                 # Every value pickles alone but not together (rare): none can be trusted to replicate.
                 culprits = dict.fromkeys(remaining, _reason(exc))
@@ -400,9 +390,10 @@ def encode_values(
     refs: tuple[BufferRef | TrackedBuffer, ...]
     if lineage is None:
         refs = tuple(store.put_buffer(buf.raw()) for buf in buffers)
-    else:  # a checkpoint has every buffer whole (under its lineage); a delta only what changed
+    else:  # a checkpoint has every buffer complete (a lineage's layout); a delta only what changed
         encode = lineage.encode_whole if kind == "checkpoint" else lineage.encode
         refs = tuple(encode(buf.raw(), store) for buf in buffers)
+        lineage.commit(refs)
     return StateRecord(
         kind=kind,
         bound=tuple(remaining),

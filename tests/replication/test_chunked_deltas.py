@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from replication_harness import Executor, Replica
 
-from jupyter_notebookos.kernel.statelog import StateLog
+from jupyter_notebookos.kernel.statelog import StateLog, collect_unreferenced
 from jupyter_notebookos.replication.chunks import CHUNK_BYTES, LineageMissingError, TrackedBuffer
 from jupyter_notebookos.replication.objectstore import ObjectStore
 from jupyter_notebookos.replication.serialization import encode_delta
@@ -98,7 +98,7 @@ def test_the_next_executor_patches_the_same_lineage_and_checkpoints_keep_it(stor
     assert np.array_equal(a.ns["w"], b.ns["w"]) and a.ns["bias"] == [0.0, 1.0]
     assert a.ns["w"].__array_interface__["data"][0] == before
 
-    # A checkpoint carries the buffer whole with its lineage: a replica restored from it takes patches.
+    # A checkpoint names the lineage's layout (its base and chunks): a replica restored from it takes patches.
     log = StateLog(store, "b", lineage=b.tracker.lineage)
     pointer = log.finish_checkpoint(StateLog.serialize_checkpoint(b.ns, b.tracker.user_names(), MIB), 9)
     c = DictReplica(store)
@@ -116,3 +116,63 @@ def test_an_untracked_or_small_buffer_still_goes_whole(shell, store):
     ex.run("big[0] = 1")
     assert not isinstance(ex.encoded[-1].buffers[0], TrackedBuffer)
     assert ex.encoded[-1].buffer_bytes == 4 * MIB
+
+
+def _checkpoint(replica: DictReplica, seq: int):
+    log = StateLog(replica.store, "r", lineage=replica.tracker.lineage)
+    pointer = log.finish_checkpoint(StateLog.serialize_checkpoint(replica.ns, replica.tracker.user_names(), MIB), seq)
+    return pointer, log.read_checkpoint(pointer)
+
+
+def test_a_checkpoint_names_the_layout_instead_of_uploading_the_buffer_again(store: ObjectStore):
+    a, b = DictReplica(store), DictReplica(store)
+    first = a.run("import numpy as np\nw = np.arange(2 ** 23, dtype=np.float64)")  # 64 MiB, whole
+    b.apply(first)
+    b.apply(a.run("w[10] = -1.0"))
+    b.apply(a.run("w[2 ** 22 : 2 ** 22 + 100] = 5.0"))
+    b.apply(a.run("w[11] = -2.0"))  # the same chunk as the first patch: its newer version replaces it
+    objects = set(store.buffer_keys())
+
+    pointer, checkpoint = _checkpoint(a, 4)
+    entry = _entry(checkpoint)
+    assert set(store.buffer_keys()) == objects  # nothing hashed or uploaded: the bytes are in the store
+    offsets = [off for off, _ in entry.chunks]  # one chunk per offset (where the array starts in its page moves)
+    assert entry.whole == _entry(first).whole and offsets[0] == 0 and len(set(offsets)) == len(offsets) <= 3
+    assert checkpoint.buffer_bytes == 64 * MIB + len(offsets) * CHUNK_BYTES
+
+    # The follower's layout is the same, so its checkpoint (were it the executor) names the same objects.
+    assert _checkpoint(b, 4)[1].buffers == checkpoint.buffers
+
+    # A replica restored from it holds the same bytes, under the lineage: the next patch applies.
+    c = DictReplica(store)
+    c.apply(checkpoint)
+    assert np.array_equal(c.ns["w"], a.ns["w"])
+    record = a.run("w[-1] = 0.5")
+    b.apply(record)
+    c.apply(record)
+    assert np.array_equal(c.ns["w"], a.ns["w"]) and np.array_equal(b.ns["w"], a.ns["w"])
+    # ... and c's layout (from the checkpoint, then the record) is everyone's.
+    assert _checkpoint(c, 5)[1].buffers == _checkpoint(a, 5)[1].buffers
+
+    # Garbage collection keeps what the checkpoint names and drops the chunk the newer one superseded.
+    report = collect_unreferenced(store, 4, [*pointer.objects, *record.object_keys], grace_seconds=0)
+    assert len(report.deleted_buffers) == 1
+    c2 = DictReplica(store)
+    c2.apply(_checkpoint(a, 5)[1])
+    assert np.array_equal(c2.ns["w"], a.ns["w"])
+
+
+def test_a_patch_that_was_never_committed_stays_out_of_the_layout(store: ObjectStore):
+    a, b = DictReplica(store), DictReplica(store)
+    b.apply(a.run("import numpy as np\nw = np.zeros(2 ** 21)"))
+    a.ns["w"][7] = 3.0
+    a.tracker.writes.scan()
+    # Uploaded for a record that never went out (its store write failed after this buffer): not committed.
+    lost = a.tracker.lineage.encode(memoryview(a.ns["w"]).cast("B"), store)
+    assert isinstance(lost, TrackedBuffer) and lost.chunks
+    _, checkpoint = _checkpoint(a, 2)
+    assert not _entry(checkpoint).chunks  # the layout is still what b holds
+    assert _checkpoint(b, 2)[1].buffers == checkpoint.buffers
+    c = DictReplica(store)
+    c.apply(checkpoint)
+    assert np.array_equal(c.ns["w"], b.ns["w"])
