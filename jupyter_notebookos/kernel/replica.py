@@ -482,9 +482,7 @@ class ReplicaKernel(IPythonKernel):
     def _reply_error(self, stream: Any, ident: Any, parent: dict[str, Any], ename: str, evalue: str) -> None:
         content = {"status": "error", "ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
         assert self.session is not None
-        self.session.send(
-            stream, "execute_reply", content, parent, metadata=self._reply_metadata(None), ident=ident
-        )
+        self.session.send(stream, "execute_reply", content, parent, metadata=self._reply_metadata(None), ident=ident)
 
     def _send_abort_reply(self, stream: Any, msg: dict[str, Any], idents: Any) -> None:
         """An aborted directed cell (an earlier cell failed) still publishes its (empty) record."""
@@ -572,9 +570,7 @@ class ReplicaKernel(IPythonKernel):
         for message in messages:
             print(message, file=sys.stderr, flush=True)
 
-    def finish_metadata(
-        self, parent: dict[str, Any], metadata: dict[str, Any], reply_content: dict[str, Any]
-    ) -> Any:
+    def finish_metadata(self, parent: dict[str, Any], metadata: dict[str, Any], reply_content: dict[str, Any]) -> Any:
         """Add ``metadata.notebookos`` to the reply."""
         metadata = super().finish_metadata(parent, metadata, reply_content)
         metadata[METADATA_KEY] = self._reply_metadata(self._cell)

@@ -196,18 +196,14 @@ class ObjectStore:
         try:
             return bytes(self.fs.cat_file(self._path(key)))
         except FileNotFoundError as exc:
-            raise BufferMissingError(
-                f"checkpoint {key} is missing from the object store {self.url}."
-            ) from exc
+            raise BufferMissingError(f"checkpoint {key} is missing from the object store {self.url}.") from exc
         except Exception as exc:
             raise self._unreachable(f"read checkpoint {key}", exc) from exc
 
     def checkpoint_seqs(self) -> list[int]:
         """The sequence numbers of the stored checkpoints, oldest first."""
         try:
-            names = [
-                p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self._path("checkpoints"), detail=False)
-            ]
+            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self._path("checkpoints"), detail=False)]
         except FileNotFoundError:
             return []
         except Exception as exc:

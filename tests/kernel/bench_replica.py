@@ -131,9 +131,7 @@ def main() -> None:
             f"{statistics.median(r[1] for r in results):.0f} ms, reply->follower applied "
             f"{statistics.median(r[2] for r in results):.0f} ms"
         )
-        assert (
-            r1.execute("print(big.shape, big[:2])").stdout == r0.execute("print(big.shape, big[:2])").stdout
-        )
+        assert r1.execute("print(big.shape, big[:2])").stdout == r0.execute("print(big.shape, big[:2])").stdout
     finally:
         if proc is not None:
             proc.kill()
