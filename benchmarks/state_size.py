@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cells", type=int, default=60, help="trivial cells per kernel and state size")
     parser.add_argument("--max-gb", type=float, default=1.0, help="largest state held (1, 2 or 4 GB)")
     parser.add_argument("--changes", type=int, default=5, help="1 MiB-change cells measured")
-    parser.add_argument("--arrays", type=int, default=5, help="100 MB array cells per kernel")
+    parser.add_argument("--arrays", type=int, default=11, help="100 MB array cells per kernel (median)")
     parser.add_argument(
         "--quiet", type=float, default=10.0, help="seconds to let background work (uploads, checkpoints) finish"
     )
