@@ -11,7 +11,8 @@ every simulated host offers the machine's real GPUs), then through Enterprise Ga
 - memory (needs torch): a cell allocates 512 MiB on its GPU and holds it until told to finish; NVML's memory
   used by the executor's pid (or, where NVML cannot see the container's pids, by the whole device) is read
   before, during and after the cell. After the reply the tensor must be gone from the GPU (the replica moved
-  it to host memory on release); the CUDA context itself stays.
+  it to host memory on release); the CUDA context itself stays. The platform runs with sticky GPUs off for this
+  (``NotebookOSGatewayApp.gpu_sticky=False``); ``benchmarks/gpu_offload.py`` measures the sticky path.
 
 Prints one table, exits 1 if a check failed. Without a GPU it prints
 ``skipped: no NVIDIA GPU (NVML not found)`` and exits 0.
@@ -272,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="nbos-gpu-check-") as tmp:
             workdir = Path(tmp)
-            platform = start_platform(workdir / "state", "--hosts", str(args.hosts))
+            # Not sticky: the memory check is about the release after a cell (gpu_offload.py measures sticky).
+            sticky_off = ("--gateway-option", "NotebookOSGatewayApp.gpu_sticky=False")
+            platform = start_platform(workdir / "state", "--hosts", str(args.hosts), *sticky_off)
             try:
                 client = platform.client
                 for gpus in (1, 2) if len(nvml.handles) >= 2 else (1,):
