@@ -186,12 +186,12 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
     )
 
     gpu_sticky = Bool(
-        True,
+        False,
         config=True,
         help="Replicas keep their GPU state (tensors, models) on the device between cells instead of copying it to "
         "host memory after every cell and back before the next; it moves off only when the scheduler gives that GPU "
         "to another replica (the new cell's queued time includes the move). Each reply's metadata.notebookos."
-        "resident names the devices kept. False: every cell moves the state out after it and back before the next.",
+        "resident names the devices kept.",
     )
 
     object_broker_url = Unicode(

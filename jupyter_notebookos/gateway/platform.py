@@ -106,7 +106,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         self.reconcile_interval = DEFAULT_RECONCILE_INTERVAL
         self.reconciler: LedgerReconciler | None = None
         # Replicas keep GPU state on the device between cells, evicted when the GPU changes hands (the app sets it).
-        self.gpu_sticky = True
+        self.gpu_sticky = False
         self.residency = GpuResidency()
         self.log = log
         self.metrics = PlatformMetrics()
