@@ -179,11 +179,17 @@ class NamespacePickler(cloudpickle.Pickler):
         self.namespace = namespace
 
     def reducer_override(self, obj: Any) -> Any:
-        """Modules by name with their loaded submodules; everything else as cloudpickle does it."""
+        """Modules by name with their loaded submodules; torch CPU tensors with their storage out of band (see
+        :func:`_reduce_torch`); everything else as cloudpickle does it."""
         if isinstance(obj, types.ModuleType) and sys.modules.get(obj.__name__) is obj:
             prefix = obj.__name__ + "."
             subs = sorted(k for k, m in list(sys.modules.items()) if k.startswith(prefix) and m is not None)
             return (_import_module, (obj.__name__, subs))
+        torch = sys.modules.get("torch")
+        if torch is not None and type(obj) in (torch.Tensor, torch.UntypedStorage):
+            reduced = _reduce_torch(torch, obj)
+            if reduced is not NotImplemented:
+                return reduced
         reduced = super().reducer_override(obj)
         if isinstance(obj, type) and isinstance(reduced, tuple) and len(reduced) > 2:
             state = reduced[2]
@@ -217,6 +223,66 @@ class NamespacePickler(cloudpickle.Pickler):
             None,
             _notebook_function_setstate,
         )
+
+
+def _reduce_torch(torch: Any, obj: Any) -> Any:
+    """A CPU tensor as its storage, shape and strides; a CPU storage as a protocol-5 buffer over its bytes.
+
+    torch's own pickling writes a tensor's bytes into the pickle stream (``torch.save``), so every fingerprint
+    would serialize and hash every tensor whole, after every cell. As a buffer, a large storage gets what numpy
+    arrays get: write tracking instead of hashing, chunked deltas, and patching in place on the followers. A
+    storage is one object however many tensors view it, so views stay views of one storage after loading.
+    Anything else (device tensors, subclasses, sparse, quantized, conjugate views, non-leaf tensors that require
+    grad, tensors with attributes) goes through torch's own pickling (NotImplemented)."""
+    if isinstance(obj, torch.UntypedStorage):
+        if obj.device.type != "cpu":
+            return NotImplemented
+        nbytes = obj.nbytes()
+        if nbytes == 0:
+            return (_rebuild_torch_storage, (b"",))
+        # A uint8 tensor on the storage: its numpy view keeps the storage alive as long as the buffer is used.
+        flat = torch.empty(0, dtype=torch.uint8).set_(obj, 0, (nbytes,), (1,))
+        return (_rebuild_torch_storage, (pickle.PickleBuffer(flat.numpy()),))
+    if (
+        obj.device.type != "cpu"
+        or obj.layout != torch.strided
+        or obj.is_quantized
+        or obj.is_conj()
+        or obj.is_neg()
+        or (obj.requires_grad and not obj.is_leaf)
+        or getattr(obj, "__dict__", None)
+    ):
+        return NotImplemented
+    return (
+        _rebuild_torch_tensor,
+        (
+            obj.untyped_storage(),
+            obj.dtype,
+            tuple(obj.shape),
+            tuple(obj.stride()),
+            obj.storage_offset(),
+            obj.requires_grad,
+        ),
+    )
+
+
+def _rebuild_torch_storage(data: Any) -> Any:
+    """A CPU storage on ``data``'s memory (copied first when ``data`` is read-only: a torch tensor writes)."""
+    torch = importlib.import_module("torch")
+    view = memoryview(data)
+    if view.nbytes == 0:
+        return torch.UntypedStorage(0)
+    if view.readonly:
+        data = bytearray(view)
+    return torch.frombuffer(data, dtype=torch.uint8).untyped_storage()
+
+
+def _rebuild_torch_tensor(
+    storage: Any, dtype: Any, shape: tuple[int, ...], stride: tuple[int, ...], offset: int, requires_grad: bool
+) -> Any:
+    torch = importlib.import_module("torch")
+    tensor = torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
+    return tensor.requires_grad_(requires_grad)
 
 
 def _cell_value(cell: types.CellType) -> Any:

@@ -1,0 +1,107 @@
+"""torch CPU tensors replicate with their storage as a buffer: write tracking, chunked deltas, views kept.
+
+Needs torch (skipped without it: CI has none; run on a machine that has it, e.g.
+``python -m pytest --noconftest tests/replication/test_torch_state.py``: nothing here uses the shared fixtures).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from jupyter_notebookos.replication.chunks import TrackedBuffer  # noqa: E402
+from jupyter_notebookos.replication.objectstore import ObjectStore  # noqa: E402
+from jupyter_notebookos.replication.serialization import encode_delta, encode_values, load_values  # noqa: E402
+from jupyter_notebookos.replication.state import StateTracker  # noqa: E402
+
+MIB = 1 << 20
+
+
+class TorchReplica:
+    """A namespace in this process with its own state tracker (write tracking when the kernel offers it)."""
+
+    def __init__(self, store: ObjectStore):
+        self.ns: dict = {"__name__": "__main__", "torch": torch}
+        self.store = store
+        self.tracker = StateTracker(self.ns, transform=lambda code: code, defer_min_bytes=MIB)
+
+    def run(self, code: str):
+        self.tracker.before_cell(code)
+        exec(code, self.ns)
+        delta = self.tracker.after_cell()
+        self.tracker.settle()
+        return delta, encode_delta(delta, self.store, threshold=MIB, lineage=self.tracker.lineage)
+
+    def apply(self, record) -> None:
+        self.tracker.apply(record, self.store)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ObjectStore:
+    return ObjectStore(f"file://{tmp_path}/objects")
+
+
+def test_tensors_round_trip_with_dtype_grad_and_shared_storage(store: ObjectStore) -> None:
+    base = torch.arange(2 * MIB, dtype=torch.float32)  # 8 MiB: out of band
+    values = {
+        "base": base,
+        "view": base[10:20],  # a view of the same storage
+        "t": base.view(1024, -1).t(),  # strided
+        "bf": torch.ones(300_000, dtype=torch.bfloat16),  # no numpy dtype
+        "small": torch.tensor([1, 2, 3]),  # in band
+        "w": torch.randn(512, 512, requires_grad=True),
+        "model": torch.nn.Linear(256, 256),
+        "empty": torch.empty(0),
+    }
+    record = encode_values(values, namespace=values, store=store, threshold=MIB)
+    assert record.buffers, "large storages leave the pickle as buffers"
+    assert len(record.payload) < MIB  # the bytes are not in the pickle
+    loaded = load_values(record, store, {})
+    for name in ("base", "view", "t", "bf", "small", "w", "empty"):
+        a, b = values[name], loaded[name]
+        assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b), name
+    assert loaded["view"].untyped_storage().data_ptr() == loaded["base"].untyped_storage().data_ptr()
+    assert loaded["w"].requires_grad and loaded["w"].is_leaf
+    model = loaded["model"]
+    assert isinstance(model.weight, torch.nn.Parameter) and torch.equal(model.weight, values["model"].weight)
+    loaded["base"][15] = -1.0
+    assert loaded["view"][5].item() == -1.0  # still one storage
+
+
+def test_in_place_changes_are_detected_without_hashing_and_sent_as_chunks(store: ObjectStore) -> None:
+    a, b = TorchReplica(store), TorchReplica(store)
+    _, first = a.run("big = torch.zeros(16 * 2 ** 20)")  # 64 MiB
+    b.apply(first)
+    address = b.ns["big"].data_ptr()
+
+    delta, record = a.run("x = 1")
+    assert "big" not in delta.values  # unchanged: not sent
+
+    # Through torch, through a view, through numpy, and from another thread while no cell runs.
+    forms = [
+        "big[123] = 5.0",
+        "v = big[2 ** 22 : 2 ** 22 + 10]\nv.add_(1.0)",
+        "big.numpy()[7] = 3.0",
+    ]
+    for code in forms:
+        delta, record = a.run(code)
+        assert "big" in delta.values, code
+        entries = [e for e in record.buffers if isinstance(e, TrackedBuffer) and e.size == 64 * MIB]
+        if a.tracker.writes is not None:  # write tracking: a patch of a few chunks, patched in place
+            assert entries and entries[0].whole is None and 1 <= len(entries[0].chunks) <= 4, code
+        b.apply(record)
+        assert torch.equal(b.ns["big"], a.ns["big"]), code
+    if a.tracker.writes is not None:
+        assert b.ns["big"].data_ptr() == address
+
+    writer = threading.Thread(target=lambda: a.ns["big"].__setitem__(999, 9.0))
+    writer.start()
+    writer.join()
+    delta, record = a.run("y = 2")
+    assert "big" in delta.values
+    b.apply(record)
+    assert b.ns["big"][999].item() == 9.0
