@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from dict_replica import DictReplica
 from replication_harness import Executor, Replica
 
 from jupyter_notebookos.kernel.statelog import StateLog, collect_unreferenced
 from jupyter_notebookos.replication.chunks import CHUNK_BYTES, LineageMissingError, TrackedBuffer
 from jupyter_notebookos.replication.objectstore import ObjectStore
-from jupyter_notebookos.replication.serialization import encode_delta
-from jupyter_notebookos.replication.state import StateTracker
 from jupyter_notebookos.replication.writetrack import open_write_tracker
 
 MIB = 1 << 20
@@ -22,25 +21,6 @@ def _needs_write_tracking() -> None:
     if tracker is None:
         pytest.skip(f"write tracking {why}: every buffer goes whole")
     tracker.close()
-
-
-class DictReplica:
-    """A replica namespace in this process (a plain dict), able to execute cells and publish records."""
-
-    def __init__(self, store: ObjectStore):
-        self.ns: dict = {"__name__": "__main__"}
-        self.store = store
-        self.tracker = StateTracker(self.ns, transform=lambda code: code, defer_min_bytes=MIB)
-
-    def run(self, code: str):
-        self.tracker.before_cell(code)
-        exec(code, self.ns)
-        delta = self.tracker.after_cell()
-        self.tracker.settle()
-        return encode_delta(delta, self.store, threshold=MIB, lineage=self.tracker.lineage)
-
-    def apply(self, record) -> None:
-        self.tracker.apply(record, self.store)
 
 
 def _entry(record, index: int = 0) -> TrackedBuffer:

@@ -13,31 +13,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from dict_replica import DictReplica  # noqa: E402
+
 from jupyter_notebookos.replication.chunks import TrackedBuffer  # noqa: E402
 from jupyter_notebookos.replication.objectstore import ObjectStore  # noqa: E402
-from jupyter_notebookos.replication.serialization import encode_delta, encode_values, load_values  # noqa: E402
-from jupyter_notebookos.replication.state import StateTracker  # noqa: E402
+from jupyter_notebookos.replication.serialization import encode_values, load_values  # noqa: E402
 
 MIB = 1 << 20
-
-
-class TorchReplica:
-    """A namespace in this process with its own state tracker (write tracking when the kernel offers it)."""
-
-    def __init__(self, store: ObjectStore):
-        self.ns: dict = {"__name__": "__main__", "torch": torch}
-        self.store = store
-        self.tracker = StateTracker(self.ns, transform=lambda code: code, defer_min_bytes=MIB)
-
-    def run(self, code: str):
-        self.tracker.before_cell(code)
-        exec(code, self.ns)
-        delta = self.tracker.after_cell()
-        self.tracker.settle()
-        return delta, encode_delta(delta, self.store, threshold=MIB, lineage=self.tracker.lineage)
-
-    def apply(self, record) -> None:
-        self.tracker.apply(record, self.store)
 
 
 @pytest.fixture
@@ -73,12 +55,12 @@ def test_tensors_round_trip_with_dtype_grad_and_shared_storage(store: ObjectStor
 
 
 def test_in_place_changes_are_detected_without_hashing_and_sent_as_chunks(store: ObjectStore) -> None:
-    a, b = TorchReplica(store), TorchReplica(store)
-    _, first = a.run("big = torch.zeros(16 * 2 ** 20)")  # 64 MiB
+    a, b = DictReplica(store), DictReplica(store)
+    _, first = a.step("import torch\nbig = torch.zeros(16 * 2 ** 20)")  # 64 MiB
     b.apply(first)
     address = b.ns["big"].data_ptr()
 
-    delta, record = a.run("x = 1")
+    delta, record = a.step("x = 1")
     assert "big" not in delta.values  # unchanged: not sent
 
     # Through torch, through a view, through numpy, and from another thread while no cell runs.
@@ -88,7 +70,7 @@ def test_in_place_changes_are_detected_without_hashing_and_sent_as_chunks(store:
         "big.numpy()[7] = 3.0",
     ]
     for code in forms:
-        delta, record = a.run(code)
+        delta, record = a.step(code)
         assert "big" in delta.values, code
         entries = [e for e in record.buffers if isinstance(e, TrackedBuffer) and e.size == 64 * MIB]
         if a.tracker.writes is not None:  # write tracking: a patch of a few chunks, patched in place
@@ -101,7 +83,7 @@ def test_in_place_changes_are_detected_without_hashing_and_sent_as_chunks(store:
     writer = threading.Thread(target=lambda: a.ns["big"].__setitem__(999, 9.0))
     writer.start()
     writer.join()
-    delta, record = a.run("y = 2")
+    delta, record = a.step("y = 2")
     assert "big" in delta.values
     b.apply(record)
     assert b.ns["big"][999].item() == 9.0
