@@ -134,7 +134,7 @@ def fingerprint(
         return False
 
     stream = io.BytesIO()
-    pickler = NamespacePickler(stream, namespace=namespace, buffer_callback=on_buffer)
+    pickler = NamespacePickler(stream, namespace=namespace, buffer_callback=on_buffer, device_to_host=False)
     try:
         pickler.dump(value)
     except Exception as exc:

@@ -166,6 +166,9 @@ class NamespacePickler(cloudpickle.Pickler):
     ``namespace`` is the executor's user namespace; functions whose ``__globals__`` is that dict are pickled
     without their globals' values. Importable modules are pickled by name, together with the submodules
     loaded under them (``import xml.etree.ElementTree`` binds ``xml``; the replica needs the submodule too).
+    ``device_to_host`` (records): torch tensors on a CUDA device are pickled as host tensors, which any replica
+    can load (torch would restore them onto a CUDA device, and a follower has none visible between cells).
+    Fingerprints turn it off: they only compare, and torch's own pickling of a device tensor is exact.
     """
 
     def __init__(
@@ -174,9 +177,12 @@ class NamespacePickler(cloudpickle.Pickler):
         *,
         namespace: Mapping[str, Any],
         buffer_callback: Any = None,
+        device_to_host: bool = True,
     ):
         super().__init__(file, protocol=PROTOCOL, buffer_callback=buffer_callback)
         self.namespace = namespace
+        # Host copies of the device storages pickled so far: (data pointer, size, device) -> (storage, copy).
+        self._host_copies: dict[tuple[int, int, str], tuple[Any, Any]] | None = {} if device_to_host else None
 
     def reducer_override(self, obj: Any) -> Any:
         """Modules by name with their loaded submodules; torch CPU tensors with their storage out of band (see
@@ -187,7 +193,7 @@ class NamespacePickler(cloudpickle.Pickler):
             return (_import_module, (obj.__name__, subs))
         torch = sys.modules.get("torch")
         if torch is not None and type(obj) in (torch.Tensor, torch.UntypedStorage):
-            reduced = _reduce_torch(torch, obj)
+            reduced = _reduce_torch(torch, obj, self._host_copies)
             if reduced is not NotImplemented:
                 return reduced
         reduced = super().reducer_override(obj)
@@ -225,14 +231,15 @@ class NamespacePickler(cloudpickle.Pickler):
         )
 
 
-def _reduce_torch(torch: Any, obj: Any) -> Any:
+def _reduce_torch(torch: Any, obj: Any, host_copies: dict[tuple[int, int, str], tuple[Any, Any]] | None) -> Any:
     """A CPU tensor as its storage, shape and strides; a CPU storage as a protocol-5 buffer over its bytes.
 
     torch's own pickling writes a tensor's bytes into the pickle stream (``torch.save``), so every fingerprint
     would serialize and hash every tensor whole, after every cell. As a buffer, a large storage gets what numpy
     arrays get: write tracking instead of hashing, chunked deltas, and patching in place on the followers. A
     storage is one object however many tensors view it, so views stay views of one storage after loading.
-    Anything else (device tensors, subclasses, sparse, quantized, conjugate views, non-leaf tensors that require
+    With ``host_copies``, a CUDA tensor goes the same way on a host copy of its storage (one copy per storage).
+    Anything else (other devices, subclasses, sparse, quantized, conjugate views, non-leaf tensors that require
     grad, tensors with attributes) goes through torch's own pickling (NotImplemented)."""
     if isinstance(obj, torch.UntypedStorage):
         if obj.device.type != "cpu":
@@ -244,8 +251,7 @@ def _reduce_torch(torch: Any, obj: Any) -> Any:
         flat = torch.empty(0, dtype=torch.uint8).set_(obj, 0, (nbytes,), (1,))
         return (_rebuild_torch_storage, (pickle.PickleBuffer(flat.numpy()),))
     if (
-        obj.device.type != "cpu"
-        or obj.layout != torch.strided
+        obj.layout != torch.strided
         or obj.is_quantized
         or obj.is_conj()
         or obj.is_neg()
@@ -253,10 +259,15 @@ def _reduce_torch(torch: Any, obj: Any) -> Any:
         or getattr(obj, "__dict__", None)
     ):
         return NotImplemented
+    storage = obj.untyped_storage()
+    if obj.device.type != "cpu":
+        if obj.device.type != "cuda" or host_copies is None:
+            return NotImplemented
+        storage = _host_copy(torch, storage, host_copies)
     return (
         _rebuild_torch_tensor,
         (
-            obj.untyped_storage(),
+            storage,
             obj.dtype,
             tuple(obj.shape),
             tuple(obj.stride()),
@@ -264,6 +275,20 @@ def _reduce_torch(torch: Any, obj: Any) -> Any:
             obj.requires_grad,
         ),
     )
+
+
+def _host_copy(torch: Any, storage: Any, copies: dict[tuple[int, int, str], tuple[Any, Any]]) -> Any:
+    """A host copy of a CUDA storage, made once per pickling however many tensors view it."""
+    nbytes = storage.nbytes()
+    key = (storage.data_ptr(), nbytes, str(storage.device))
+    held = copies.get(key)
+    if held is None:
+        device_bytes = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (nbytes,), (1,))
+        host = torch.empty(nbytes, dtype=torch.uint8)
+        host.zero_()  # pages faulted in first: a copy into fresh pages is several times slower (gpu/binding.py)
+        host.copy_(device_bytes)
+        held = copies[key] = (storage, host.untyped_storage())
+    return held[1]
 
 
 def _rebuild_torch_storage(data: Any) -> Any:

@@ -87,3 +87,57 @@ def test_in_place_changes_are_detected_without_hashing_and_sent_as_chunks(store:
     assert "big" in delta.values
     b.apply(record)
     assert b.ns["big"][999].item() == 9.0
+
+
+LOAD_WITHOUT_GPU = """
+import json, sys, torch
+from jupyter_notebookos.replication.objectstore import ObjectStore
+from jupyter_notebookos.replication.serialization import StateRecord, load_values
+record = StateRecord.from_bytes(open(sys.argv[1], "rb").read())
+v = load_values(record, ObjectStore(sys.argv[2]), {})
+print(json.dumps({
+    "cuda_visible": torch.cuda.is_available(),
+    "devices": sorted({str(t.device) for t in (v["g"], v["gv"], v["model"].weight, *v["losses"])}),
+    "g": v["g"].tolist(),
+    "view_shares": v["gv"].untyped_storage().data_ptr() == v["g"].untyped_storage().data_ptr(),
+    "parameter": isinstance(v["model"].weight, torch.nn.Parameter),
+    "weight_sum": float(v["model"].weight.sum()),
+    "losses": [float(t) for t in v["losses"]],
+}))
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_are_recorded_as_host_tensors_any_replica_can_load(store: ObjectStore, tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    g = torch.arange(6, dtype=torch.float32, device="cuda")
+    model = torch.nn.Linear(8, 8, device="cuda")
+    values = {"g": g, "gv": g[2:5], "model": model, "losses": [g.sum(), g.mean()]}  # scalars in a list: common
+    record = encode_values(values, namespace=values, store=store, threshold=MIB)
+    path = tmp_path / "record"
+    path.write_bytes(record.to_bytes())
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # a follower between cells
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD_WITHOUT_GPU, str(path), store.url], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["cuda_visible"] is False and seen["devices"] == ["cpu"]
+    assert seen["g"] == g.tolist() and seen["view_shares"] and seen["parameter"]
+    assert seen["weight_sum"] == pytest.approx(float(model.weight.detach().sum()))
+    assert seen["losses"] == pytest.approx([15.0, 2.5])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_an_in_place_change_to_a_cuda_tensor_is_detected(store: ObjectStore) -> None:
+    a, b = DictReplica(store), DictReplica(store)
+    b.apply(a.step("import torch\ng = torch.zeros(1000, device='cuda')")[1])
+    assert "g" not in a.step("x = 1")[0].values
+    delta, record = a.step("g[3] = 1.0")
+    assert "g" in delta.values
+    b.apply(record)
+    assert b.ns["g"].device.type == "cpu" and b.ns["g"][3].item() == 1.0
