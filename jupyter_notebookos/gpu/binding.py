@@ -100,6 +100,18 @@ class ReleaseResult:
     seconds: float = 0.0
 
 
+def host_copy(torch: Any, tensor: Any) -> Any:
+    """A host copy of a dense device tensor (same shape and strides, not requiring grad). Its pages are faulted in
+    first (torch's parallel ``zero_``), then it is copied: ``tensor.to("cpu")`` faults fresh pages in one by one
+    inside the driver's copy, which measured 1.1-1.5 GB/s on an H200 against about 7 GB/s this way
+    (benchmarks/gpu_offload.py)."""
+    with torch.no_grad():
+        host = torch.empty_like(tensor, device="cpu")
+        host.zero_()
+        host.copy_(tensor)
+    return host
+
+
 class GpuFramework(Protocol):
     """One framework's part in binding (torch; others can be added beside it)."""
 
@@ -218,19 +230,13 @@ class TorchFramework:
         return result
 
     def _to_host(self, tensor: Any) -> Any:
-        """A host copy of a device tensor. Its pages are faulted in first (torch's parallel ``zero_``), then it is
-        copied: ``tensor.to("cpu")`` faults fresh pages in one by one inside the driver's copy, which measured
-        1.1-1.5 GB/s on an H200 against about 7 GB/s this way (benchmarks/gpu_offload.py). A tensor that
-        required grad comes back a leaf that requires grad, as the user made it (``.to()`` under autograd would
-        make it a non-leaf whose ``.grad`` stays empty)."""
+        """A host copy of a device tensor (:func:`host_copy`, the fast way). A tensor that required grad comes back
+        a leaf that requires grad, as the user made it (``.to()`` under autograd would make it a non-leaf whose
+        ``.grad`` stays empty)."""
         torch = self._torch()
         if tensor.layout != torch.strided or tensor.is_quantized or not tensor.is_leaf:
             return tensor.to("cpu")
-        with torch.no_grad():
-            host = torch.empty_like(tensor, device="cpu")
-            host.zero_()
-            host.copy_(tensor)
-        return host.requires_grad_(tensor.requires_grad)
+        return host_copy(torch, tensor).requires_grad_(tensor.requires_grad)
 
     def _to_device(self, tensor: Any, device: Any) -> Any:
         """A device copy of a host tensor (a leaf stays a leaf, as in :meth:`_to_host`)."""

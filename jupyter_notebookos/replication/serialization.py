@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
+from jupyter_notebookos.gpu.binding import host_copy
 from jupyter_notebookos.replication.chunks import BufferLineage, TrackedBuffer
 from jupyter_notebookos.replication.config import DEFAULT_BUFFER_THRESHOLD
 from jupyter_notebookos.replication.objectstore import BufferRef, ObjectStore
@@ -284,10 +285,7 @@ def _host_copy(torch: Any, storage: Any, copies: dict[tuple[int, int, str], tupl
     held = copies.get(key)
     if held is None:
         device_bytes = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (nbytes,), (1,))
-        host = torch.empty(nbytes, dtype=torch.uint8)
-        host.zero_()  # pages faulted in first: a copy into fresh pages is several times slower (gpu/binding.py)
-        host.copy_(device_bytes)
-        held = copies[key] = (storage, host.untyped_storage())
+        held = copies[key] = (storage, host_copy(torch, device_bytes).untyped_storage())
     return held[1]
 
 
