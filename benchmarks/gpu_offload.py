@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
 
     rows += _round_trip_keeps_state(torch, binding)
 
+    # torch's own device memory before the state exists (the cuBLAS workspace of the round trip's matrix products):
+    # what "left allocated" is measured against below.
+    own = torch.cuda.memory_allocated()
     ns["model"] = _model(torch, args.gb)
     nbytes = sum(p.numel() * p.element_size() for p in ns["model"].parameters())
     name = torch.cuda.get_device_name(0)
@@ -112,7 +115,12 @@ def main(argv: list[str] | None = None) -> int:
             gbps(nbytes, out_s),
             nbytes / out_s >= 0.5 * GB / paged_out,
         ),
-        ("  device memory still allocated after it", "< 1 % of the state", f"{left / GB:.2f} GB", left < 0.01 * nbytes),
+        (
+            "  device memory still allocated after it",
+            f"< 1 % of the state above torch's own {own / GB:.2f} GB",
+            f"{left / GB:.2f} GB",
+            left - own < 0.01 * nbytes,
+        ),
         (
             f"bind, not sticky: {nbytes / GB:.1f} GB back",
             f">= 50 % of pageable .to() ({1 / paged_in:.1f})",
@@ -165,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         (f"evict: {nbytes / GB:.1f} GB out", "", gbps(nbytes, evict_s), None),
         (
             "  device memory allocated (reserved) before / after",
-            "< 1 % of the state left",
+            f"< 1 % of the state above torch's own {own / GB:.2f} GB",
             f"{before[0] / GB:.2f} ({before[1] / GB:.2f}) / {after[0] / GB:.2f} ({after[1] / GB:.2f}) GB",
-            after[0] < 0.01 * nbytes and evicted[0].offloaded == ["model"],
+            after[0] - own < 0.01 * nbytes and evicted[0].offloaded == ["model"],
         ),
     ]
     _print(f"GPU state between cells on {name}: {nbytes / GB:.1f} GB (torch {torch.__version__})", rows)
