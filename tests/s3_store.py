@@ -68,6 +68,32 @@ def s3_store(bucket: str = "notebookos") -> Iterator[S3Store]:
         server.stop()
 
 
+@contextlib.contextmanager
+def s3_store_in_environment(bucket: str = "notebookos") -> Iterator[S3Store]:
+    """:func:`s3_store`, with its address and keys in this process's environment, as a gateway has them: an
+    in-process platform or broker with an ``s3://`` URL talks to it, never to AWS (whose credential lookup and
+    requests take seconds, or hang where the network drops them)."""
+    import os
+
+    import s3fs
+
+    with s3_store(bucket) as started:
+        # fsspec keeps filesystems by their arguments: one made before (other tests' gateways, without this
+        # store's address in the environment) must not be reused for this store, nor ours after it.
+        s3fs.S3FileSystem.clear_instance_cache()
+        old = {k: os.environ.get(k) for k in started.env()}
+        os.environ.update(started.env())
+        try:
+            yield started
+        finally:
+            s3fs.S3FileSystem.clear_instance_cache()
+            for key, value in old.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
 @dataclass
 class BrokerServer:
     """The gateway's object broker handler alone, on a loop thread of this process, for one kernel."""

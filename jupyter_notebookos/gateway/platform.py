@@ -53,6 +53,7 @@ from jupyter_notebookos.scheduler import (
     RunCell,
     Scheduler,
 )
+from jupyter_notebookos.waiting import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -258,8 +259,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         defaults, ``RouterSettings.launch_timeout`` here and the launcher's own for its replicas);
         ``config`` is the kernelspec's ``process_proxy.config``: every replica's launcher gets it."""
         if not self.ready.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.ready.wait(), self.etcd_timeout * 4)
+            await wait_event(self.ready, self.etcd_timeout * 4)
         if self.coordinator is None or self.ledger is None or self.access is None:
             raise LaunchError("the NotebookOS platform is not connected to etcd yet")
         # A restart: the old incarnation's replicas, keys, objects and GPUs must be gone before the new one's arrive.

@@ -9,7 +9,6 @@ register or to catch up with the state log.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from typing import Any
@@ -20,6 +19,7 @@ from jupyter_notebookos.gateway.cells import MALFORMED
 from jupyter_notebookos.gateway.replicas import Phase, Replica
 from jupyter_notebookos.gateway.routerstate import RouterState, log
 from jupyter_notebookos.replication.protocol import ReplicaRegistration
+from jupyter_notebookos.waiting import wait_event
 
 
 class ReplicaSetView(RouterState):
@@ -40,8 +40,7 @@ class ReplicaSetView(RouterState):
             if remaining <= 0 or not replicas.is_registered(replica_id):
                 return False
             self.changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), min(remaining, 1.0))
+            await wait_event(self.changed, min(remaining, 1.0))
         return replicas.is_registered(replica_id)
 
     async def wait_registered(self, replica_ids: set[str], timeout: float) -> set[str]:
@@ -53,8 +52,7 @@ class ReplicaSetView(RouterState):
             if remaining <= 0:
                 break
             self.changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), remaining)
+            await wait_event(self.changed, remaining)
         return replica_ids - set(replicas.registrations())
 
     @property

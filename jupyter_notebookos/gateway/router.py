@@ -309,8 +309,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             # Its reply may never come (it finished while no gateway listened): its published state record
             # says it is over as well.
             while not cell.done.done():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(cell.done), ADOPTED_POLL_S)
+                await asyncio.wait({cell.done}, timeout=ADOPTED_POLL_S)  # not wait_for: it may swallow a cancel
                 if not cell.done.done():
                     with contextlib.suppress(CoordinationError):
                         if await self._published_seq() >= cell.seq:

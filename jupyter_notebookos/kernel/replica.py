@@ -41,6 +41,7 @@ from jupyter_notebookos.kernel.statelog import PendingDelta, StateLog, collect_u
 from jupyter_notebookos.replication.protocol import FIRST_SEQ, METADATA_KEY, CellDirective, LogRecord
 from jupyter_notebookos.replication.serialization import UnreplicatedValue
 from jupyter_notebookos.replication.state import StateTracker
+from jupyter_notebookos.waiting import wait_event
 
 #: Unreferenced object-store buffers younger than this survive garbage collection: an upload whose record is
 #: not in the log yet (a publication in flight, a checkpoint being written) must not lose its buffers.
@@ -249,8 +250,7 @@ class ReplicaKernel(IPythonKernel):
             if remaining <= 0:
                 return False
             self._record_arrived.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._record_arrived.wait(), min(remaining, 1.0))
+            await wait_event(self._record_arrived, min(remaining, 1.0))
 
     async def _quiesce(self) -> None:
         """Wait until the namespace may change: the last publication's buffers are uploaded (they are views

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ import pytest
 import pytest_asyncio
 from fakekube import NAMESPACE, FakeCluster, until, validate_strict
 from replicas import env_of, free_ports, pinned_node, register, run_replica_pods
+from s3_store import S3Store, s3_store_in_environment
 
 from jupyter_notebookos.embedded.etcd import EtcdCluster
 from jupyter_notebookos.gateway.nodes import NodeHosts
@@ -54,8 +55,15 @@ class K8sGateway:
         return self.cluster.pods("component=notebookos-replica")
 
 
+@pytest.fixture(scope="module")
+def store() -> Iterator[S3Store]:
+    """The platform's S3 store, in this process: a stop removes the kernel's objects there, never at AWS."""
+    with s3_store_in_environment("notebookos-store") as started:
+        yield started
+
+
 @pytest_asyncio.fixture
-async def gateway(etcd: EtcdCluster, cluster: FakeCluster, tmp_path: Path) -> AsyncIterator[K8sGateway]:
+async def gateway(etcd: EtcdCluster, cluster: FakeCluster, store: S3Store, tmp_path: Path) -> AsyncIterator[K8sGateway]:
     for name in ("gpu-a", "gpu-b", "gpu-c"):
         cluster.add_node(name, gpus=8)
     cluster.priority_classes["notebookos-placeholder"] = make_priority_class()
@@ -72,7 +80,7 @@ async def gateway(etcd: EtcdCluster, cluster: FakeCluster, tmp_path: Path) -> As
         simulated_hosts=0,
         gpus_per_host=8,
         state_dir=str(tmp_path),
-        object_store_url="s3://notebookos-store/objects",
+        object_store_url=f"s3://{store.bucket}/objects",
         scheduler=scheduler,
         launcher=launcher,
         provisioner=provisioner,

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from s3_store import S3Store, s3_store, serve_broker
+from s3_store import S3Store, s3_store_in_environment, serve_broker
 
 from jupyter_notebookos.embedded.runner import free_port
 from jupyter_notebookos.replication.brokerfs import BrokerRefused
@@ -23,23 +23,8 @@ from jupyter_notebookos.replication.objectstore import BufferCorruptError, Objec
 
 @pytest.fixture(scope="module")
 def store() -> Iterator[S3Store]:
-    import s3fs
-
-    with s3_store() as started:
-        # fsspec keeps filesystems by their arguments: one made before (other tests' gateways, without this
-        # store's address in the environment) must not be reused for this store, nor ours after it.
-        s3fs.S3FileSystem.clear_instance_cache()
-        old = {k: os.environ.get(k) for k in started.env()}
-        os.environ.update(started.env())  # the gateway's environment: its broker signs with these keys
-        try:
-            yield started
-        finally:
-            s3fs.S3FileSystem.clear_instance_cache()
-            for key, value in old.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+    with s3_store_in_environment() as started:  # the gateway's environment: its broker signs with these keys
+        yield started
 
 
 def brokered(kernel_id: str, url: str, token: str, wait: float = 30.0) -> ObjectStore:

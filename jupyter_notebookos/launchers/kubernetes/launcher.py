@@ -30,6 +30,7 @@ from jupyter_notebookos.launchers.kubernetes.api import api_error, load_core_api
 from jupyter_notebookos.launchers.kubernetes.podconfig import PodConfig
 from jupyter_notebookos.launchers.kubernetes.reflector import Reflector, object_key
 from jupyter_notebookos.launchers.kubernetes.request import PodSettings, resolve_replica_request
+from jupyter_notebookos.waiting import wait_event
 
 _EVENTS_KEPT_PER_POD = 20
 _GONE_KEPT = 2000
@@ -290,8 +291,7 @@ class KubernetesLauncher(PodConfig):
                     f"{what} did not start within {timeout:.0f}s; raise KubernetesLauncher.launch_timeout "
                     "(or KERNEL_LAUNCH_TIMEOUT) if the image is large, and check the pod's events"
                 )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wakeup.wait(), remaining)
+            await wait_event(wakeup, remaining)
 
     async def _delete(self, key: str, *, now: bool) -> None:
         namespace, name = key.split("/", 1)
