@@ -167,7 +167,7 @@ class BufferLineage:
         with self._lock:
             self._by_address[key] = (lineage, registration)
             with contextlib.suppress(TypeError):  # an exporter without weak references: patches go whole
-                self._sent[lineage] = weakref.ref(view.obj)
+                self._sent[lineage] = weakref.ref(_owner(view.obj))
         return TrackedBuffer(lineage=lineage, size=len(view), whole=whole)
 
     def encode_whole(self, view: memoryview, store: ObjectStore) -> BufferRef | TrackedBuffer:
@@ -235,10 +235,14 @@ class BufferLineage:
             held = self._memory.get(lineage)
             if held is not None:
                 return held
-            ref = self._sent.pop(lineage, None)
+            ref = self._sent.get(lineage)
         obj = ref() if ref is not None else None
         if obj is None:
             return None
+        if _is_torch_storage(obj):
+            # Followed through the weak reference for as long as the storage lives (its refcount says nothing
+            # of the tensors on it, so it cannot move to _memory, which prune() empties by refcount).
+            return _storage_bytes(obj)
         try:
             held = numpy.frombuffer(obj, dtype=numpy.uint8) if not isinstance(obj, numpy.ndarray) else obj
             held = held.reshape(-1).view(numpy.uint8) if held.flags.c_contiguous else None
@@ -247,6 +251,7 @@ class BufferLineage:
         if held is None or not held.flags.writeable:
             return None
         with self._lock:
+            self._sent.pop(lineage, None)
             self._memory[lineage] = held  # from now on it is followed like memory loaded here
         return held
 
@@ -291,6 +296,32 @@ class BufferLineage:
         """How many lineages this replica knows (held here or sent from here)."""
         with self._lock:
             return len({lineage for lineage, _ in self._by_address.values()} | set(self._memory))
+
+
+def _owner(exporter: Any) -> Any:
+    """What to hold (weakly) for a buffer sent whole: its exporter, except for a torch storage's bytes.
+
+    Those are exported through a uint8 array over a temporary tensor (``serialization._reduce_torch``), both gone
+    once the record is written; the storage's Python object lives exactly as long as the storage."""
+    torch = sys.modules.get("torch")
+    base = exporter.base if isinstance(exporter, numpy.ndarray) else None
+    if torch is None or not isinstance(base, torch.Tensor) or base.device.type != "cpu":
+        return exporter
+    storage = base.untyped_storage()
+    if storage.data_ptr() != base.data_ptr() or storage.nbytes() != exporter.nbytes:
+        return exporter
+    return storage
+
+
+def _is_torch_storage(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.UntypedStorage)
+
+
+def _storage_bytes(storage: Any) -> numpy.ndarray:
+    """A CPU torch storage's memory as a flat uint8 array (which keeps the storage alive)."""
+    torch = sys.modules["torch"]
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,)).numpy()
 
 
 __all__ = ["CHUNK_BYTES", "BufferLineage", "LineageMissingError", "TrackedBuffer"]

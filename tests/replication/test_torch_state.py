@@ -141,3 +141,26 @@ def test_an_in_place_change_to_a_cuda_tensor_is_detected(store: ObjectStore) -> 
     assert "g" in delta.values
     b.apply(record)
     assert b.ns["g"].device.type == "cpu" and b.ns["g"][3].item() == 1.0
+
+
+def test_the_replica_that_sent_a_tensor_patches_it_in_place_when_the_next_executor_changes_it(
+    store: ObjectStore,
+) -> None:
+    """Executors change from cell to cell: the one that sent a storage whole must still hold its lineage (its
+    buffer was exported through temporary objects), not fail the next executor's patch and resync."""
+    a, b = DictReplica(store), DictReplica(store)
+    if a.tracker.writes is None:
+        pytest.skip("no kernel write tracking here: every change goes whole")
+    b.apply(a.run("import torch\nw = torch.zeros(4 * 2 ** 20)\nv = w[10:20]"))  # 16 MiB, whole
+    b.apply(a.run("w[3] = 1.0"))
+    address = a.ns["w"].data_ptr()
+    record = b.run("w[2 ** 21] = 4.0")  # b executes now
+    (entry,) = [e for e in record.buffers if isinstance(e, TrackedBuffer)]
+    assert entry.whole is None and entry.chunks  # a patch of the lineage a sent
+    a.apply(record)
+    assert torch.equal(a.ns["w"], b.ns["w"]) and a.ns["w"][2**21].item() == 4.0
+    assert a.ns["w"].data_ptr() == address  # patched in place
+    a.ns["w"][11] = 7.0
+    assert a.ns["v"][1].item() == 7.0  # the view still shares the storage
+    b.apply(a.run("w[5] = 2.0"))  # and back to a
+    assert torch.equal(a.ns["w"], b.ns["w"])
