@@ -4,7 +4,8 @@ Starts one platform (`notebookos up --no-lab`), a plain ``python3`` kernel and a
 on it, and measures, interleaving the two kernels so that noise on a shared machine hits both alike:
 
 - trivial-cell latency (``pass``), p50 / p99, with 0, 0.25, 1 (and, with ``--max-gb``, more) GB of numpy
-  arrays held in the namespace (both kernels hold the same arrays);
+  arrays held in the namespace (both kernels hold the same arrays; ``--state torch``: torch CPU tensors, for
+  which the kernels' Python needs torch);
 - a cell changing 1 MiB of a 1 GB array: reply time, bytes published (what the object store grew by: the
   chunks; the etcd record is a few hundred bytes more), and the time until both followers applied it;
 - a cell creating a 100 MB array, kernels interleaved, with the transparent-huge-page setting and each
@@ -13,7 +14,7 @@ on it, and measures, interleaving the two kernels so that noise on a shared mach
 Memory: a NotebookOS kernel holds its state three times (executor + two followers) and the object store on
 disk; at 1 GB that is 4 GB of kernels. ``--max-gb 2`` adds a 2 GB step (8 GB of kernels: run it alone).
 
-    .venv/bin/python benchmarks/state_size.py [--cells N] [--max-gb 1|2|4] [--arrays N]
+    .venv/bin/python benchmarks/state_size.py [--cells N] [--max-gb 1|2|4] [--arrays N] [--state numpy|torch]
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-gb", type=float, default=1.0, help="largest state held (1, 2 or 4 GB)")
     parser.add_argument("--changes", type=int, default=5, help="1 MiB-change cells measured")
     parser.add_argument("--arrays", type=int, default=11, help="100 MB array cells per kernel (median)")
+    parser.add_argument("--state", choices=("numpy", "torch"), default="numpy", help="what the held GBs are")
     parser.add_argument(
         "--quiet", type=float, default=10.0, help="seconds to let background work (uploads, checkpoints) finish"
     )
@@ -124,13 +126,16 @@ def main(argv: list[str] | None = None) -> int:
         replicas = client.notebookos_kernel(nos.kernel_id)["replicas"]
         methods = sorted({r.get("change_detection") or "?" for r in replicas})
         console.print(f"NotebookOS replicas' change detection: {', '.join(methods)}; THP: {thp_setting()}")
-        run_both(kernels, "import numpy as np\nimport os\nstate = {}", client)
+        setup = "import numpy as np\nimport os\nstate = {}"
+        run_both(kernels, setup + ("\nimport torch" if args.state == "torch" else ""), client)
+        full = "torch.full(({n},), 1.5, dtype=torch.float64)" if args.state == "torch" else "np.full({n}, 1.5)"
+        new_values = "torch.from_numpy({})" if args.state == "torch" else "{}"
 
         for size in sizes:
             # The state: one array of `size` GB (the previous step's array is dropped first).
             if size:
                 run_both(kernels, "state.clear()", client)
-                cell = f"state['held'] = np.full({int(size * GB) // 8}, 1.5)"
+                cell = "state['held'] = " + full.format(n=int(size * GB) // 8)
                 took = run_both(kernels, cell, client)
                 time.sleep(args.quiet)  # the executor's checkpoint of the new state runs in the background
                 console.print(
@@ -147,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                     before = store_bytes(objects)
                     # New random values: content-addressed chunks of repeated content would be deduplicated
                     # and hide bytes that were really sent.
-                    values = f"np.random.default_rng({i}).random({MIB // 8})"
+                    values = new_values.format(f"np.random.default_rng({i}).random({MIB // 8})")
                     code = f"state['held'][{offset}:{offset + MIB // 8}] = {values}"
                     took = run_both(kernels, code, client)
                     took["bytes"] = store_bytes(objects) - before
@@ -168,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             pid = int(kernel.conn.execute("print(os.getpid())", 30).stdout.strip())
             huge[label] = anon_huge_kb(pid)
 
-    report(console, trivial, changes, arrays, huge, methods)
+    report(console, trivial, changes, arrays, huge, methods, args.state)
     leftovers = processes_of(Path(tmp) / "state")
     if leftovers:
         console.print(f"[red]left-over processes: {[p.pid for p in leftovers]}[/red]")
@@ -183,9 +188,12 @@ def report(
     arrays: dict[str, list[float]],
     huge: dict[str, int],
     methods: list[str],
+    state: str = "numpy",
 ) -> None:
     ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
-    table = Table(title=f"Per-cell cost vs state held (same run; NotebookOS change detection: {', '.join(methods)})")
+    table = Table(
+        title=f"Per-cell cost vs {state} state held (same run; NotebookOS change detection: {', '.join(methods)})"
+    )
     for col in ("measure", "plain EG", "NotebookOS", "added / ratio", "target"):
         table.add_column(col)
     for size, lat in trivial.items():
