@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from support import Platform, replace_a_follower, run_on_replica, start_platform, stop_platform, wait_for
 
@@ -44,7 +45,10 @@ def platform() -> Iterator[Platform]:
     # Under /tmp (every user may pass), not pytest's 0700 temporary root: kernels reach their own directories.
     base = Path(tempfile.mkdtemp(prefix="notebookos-isolation-", dir="/tmp"))
     base.chmod(0o711)
-    up = start_platform(base / "state", "--hosts", "4", "--gpus-per-host", "2")
+    # The operator lets kernels inherit an allocator setting and (wrongly) a secret: EG's EG_INHERITED_ENVS.
+    inherited = {"MALLOC_ARENA_MAX": "2", "NOTEBOOKOS_TEST_SECRET_TOKEN": "gateway-secret"}
+    env = {"EG_INHERITED_ENVS": ",".join(inherited), **inherited}
+    up = start_platform(base / "state", "--hosts", "4", "--gpus-per-host", "2", env=env)
     try:
         yield up
     finally:
@@ -167,6 +171,18 @@ def test_a_kernel_cannot_read_another_kernels_files_environment_or_the_gateways_
         assert set(refused.values()) == {"PermissionError"}, seen
         assert seen["read its own objects"] == "allowed"
         assert conn_a.execute("float(big.sum())").result_text() == str(float(1 << 19))
+
+
+def test_replicas_inherit_what_the_operator_lets_kernels_inherit_but_never_a_secret(
+    two_kernels: tuple[GatewayClient, str, str],
+) -> None:
+    client, a, _ = two_kernels
+    pids = [r["pid"] for r in client.notebookos_kernel(a)["replicas"]]
+    assert len(pids) == 3
+    for pid in pids:  # every replica, the executor and the followers alike (glibc reads MALLOC_* at start)
+        environ = psutil.Process(pid).environ()
+        assert environ.get("MALLOC_ARENA_MAX") == "2", pid
+        assert "NOTEBOOKOS_TEST_SECRET_TOKEN" not in environ and "gateway-secret" not in environ.values(), pid
 
 
 def test_two_kernels_past_their_first_checkpoint_each_restore_their_own_state(

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import re
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import fsspec
@@ -41,12 +41,14 @@ _INHERITED = re.compile(
 _SECRET = re.compile(r"(TOKEN|PASSWORD|SECRET|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY)", re.IGNORECASE)
 
 
-def replica_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The part of a kernel's launch environment (EG passes the gateway's whole environment) a replica gets."""
+def replica_env(env: Mapping[str, str], inherited: Collection[str] = ()) -> dict[str, str]:
+    """The part of a kernel's launch environment (EG passes the gateway's whole environment) a replica gets:
+    ``KERNEL_*``, what shapes a process, and the names the operator lets kernels inherit (``inherited``: EG's
+    ``inherited_envs``, e.g. ``MALLOC_ARENA_MAX``); never a name that says it is a secret."""
     return {
         k: v
         for k, v in env.items()
-        if (k.startswith("KERNEL_") or _INHERITED.match(k)) and not (not k.startswith("KERNEL_") and _SECRET.search(k))
+        if k.startswith("KERNEL_") or ((_INHERITED.match(k) or k in inherited) and not _SECRET.search(k))
     }
 
 

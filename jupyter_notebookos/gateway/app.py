@@ -353,6 +353,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         self.platform.rejoin_grace = self.replica_rejoin_grace
         self.platform.reconcile_interval = self.ledger_reconcile_interval
         self.platform.gpu_sticky = self.gpu_sticky
+        self.platform.inherited_envs = frozenset(name for name in self.inherited_envs if name)
         self._configure_object_broker()
 
     def _configure_object_broker(self) -> None:
@@ -395,6 +396,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         self.platform.rejoin_grace = self.replica_rejoin_grace
         self.platform.reconcile_interval = self.ledger_reconcile_interval
         self.platform.gpu_sticky = self.gpu_sticky
+        self.platform.inherited_envs = frozenset(name for name in self.inherited_envs if name)
         self._configure_object_broker()
         self.node_hosts = NodeHosts(self.platform, inventory, placeholders)
 

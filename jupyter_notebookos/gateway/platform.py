@@ -108,6 +108,8 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         self.reconciler: LedgerReconciler | None = None
         # Replicas keep GPU state on the device between cells, evicted when the GPU changes hands (the app sets it).
         self.gpu_sticky = False
+        # Names the operator lets kernels inherit from the gateway (EG's inherited_envs; the app sets them).
+        self.inherited_envs: frozenset[str] = frozenset()
         self.residency = GpuResidency()
         self.log = log
         self.metrics = PlatformMetrics()
@@ -403,7 +405,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         record.replicas.started(replica_id, await self.launcher.start_replica(spec))
 
     def _replica_env(self, record: KernelRecord, host: str) -> dict[str, str]:
-        env = replica_env(record.env)
+        env = replica_env(record.env, self.inherited_envs)
         router = record.router
         assert self.access is not None
         env.update(

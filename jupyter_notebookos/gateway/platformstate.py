@@ -50,6 +50,7 @@ class PlatformState:
     reconcile_interval: float
     reconciler: LedgerReconciler | None
     gpu_sticky: bool
+    inherited_envs: frozenset[str]
     residency: GpuResidency
     log: logging.Logger | Any
     metrics: PlatformMetrics

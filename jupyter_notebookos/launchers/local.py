@@ -55,7 +55,7 @@ from jupyter_notebookos.replication.protocol import (
 )
 
 #: Environment variables that take effect when the interpreter starts, so a warm process must have them.
-STARTUP_PREFIXES = ("PYTHON", "LD_", "OPENBLAS_", "OMP_", "MKL_")
+STARTUP_PREFIXES = ("PYTHON", "LD_", "OPENBLAS_", "OMP_", "MKL_", "MALLOC_", "GLIBC_TUNABLES")
 WARM_FLAG = "--warm"
 
 

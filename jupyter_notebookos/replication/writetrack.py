@@ -37,6 +37,8 @@ import os
 import struct
 import sys
 import threading
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import xxhash
@@ -160,6 +162,9 @@ class _Channel:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
+        # The page spans of every buffer the process's trackers follow (a span twice: two buffers share it).
+        self.spans_lock = threading.Lock()
+        self.held: Counter[tuple[int, int]] = Counter()
         self.libc = ctypes.CDLL(None, use_errno=True)
         machine = os.uname().machine if hasattr(os, "uname") else ""
         if not sys.platform.startswith("linux") or machine not in _SYS_USERFAULTFD:
@@ -184,6 +189,34 @@ class _Channel:
             os.close(fd)
             raise
 
+    def register(self, start: int, end: int) -> bool:
+        """Register the pages of [start, end) for write-protection; False when the kernel refuses."""
+        with self.spans_lock:
+            reg = _UffdRegister(_UffdRange(start, end - start), _UFFDIO_REGISTER_MODE_WP, 0)
+            if self.libc.ioctl(self.uffd, ctypes.c_ulong(_UFFDIO_REGISTER), ctypes.byref(reg)) < 0:
+                return False
+            self.held[(start, end)] += 1
+            return True
+
+    def release(self, spans: Iterable[tuple[int, int]]) -> None:
+        """Spans no longer followed: unregister the pages in them that no other followed span covers.
+
+        Unregistering also drops the pages' write protection. Without it, memory freed into the heap (glibc keeps
+        it mapped) stays protected, and whatever reuses it next, such as the next array allocated, pays a
+        protection fault on the first write to each page: about 30 ms for 100 MB."""
+        with self.spans_lock:
+            released = [span for span in spans if self.held[span] > 0]
+            for span in released:
+                self.held[span] -= 1
+                if self.held[span] == 0:
+                    del self.held[span]
+            for span in released:
+                for start, end in _uncovered(span, self.held):
+                    rng = _UffdRange(start, end - start)
+                    if self.libc.ioctl(self.uffd, ctypes.c_ulong(_UFFDIO_UNREGISTER), ctypes.byref(rng)) < 0:
+                        # Unmapped already (the usual end of a large array): nothing is left to unprotect.
+                        log.debug("unregistering %#x-%#x: %s", start, end, os.strerror(ctypes.get_errno()))
+
     @classmethod
     def get(cls) -> _Channel:
         """This process's channel (a forked child gets its own: the parent's describe the parent's memory)."""
@@ -193,6 +226,21 @@ class _Channel:
             return cls._current
 
 
+def _uncovered(span: tuple[int, int], held: Counter[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of ``span`` that no span in ``held`` overlaps."""
+    start, end = span
+    out: list[tuple[int, int]] = []
+    for other_start, other_end in sorted(s for s in held if s[0] < end and s[1] > start):
+        if other_start > start:
+            out.append((start, other_start))
+        start = max(start, other_end)
+        if start >= end:
+            return out
+    if start < end:
+        out.append((start, end))
+    return out
+
+
 class PageWriteTracker:
     """Tracks writes to large buffers by page (see the module docstring). Thread-safe."""
 
@@ -200,7 +248,7 @@ class PageWriteTracker:
 
     def __init__(self, *, min_bytes: int = 1 << 20) -> None:
         self.min_bytes = min_bytes
-        channel = _Channel.get()
+        channel = self._channel = _Channel.get()
         self._libc, self._uffd, self._pagemap = channel.libc, channel.uffd, channel.pagemap
         self._mem = channel.mem
         self._lock = threading.Lock()
@@ -246,13 +294,13 @@ class PageWriteTracker:
         generation = next(_generations)
         tracked = _Tracked(address, nbytes, generation, registered=generation)
         start, end = tracked.span
-        reg = _UffdRegister(_UffdRange(start, end - start), _UFFDIO_REGISTER_MODE_WP, 0)
-        if self._libc.ioctl(self._uffd, ctypes.c_ulong(_UFFDIO_REGISTER), ctypes.byref(reg)) < 0:
+        if not self._channel.register(start, end):
             log.debug("cannot track %d bytes at %#x: %s", nbytes, address, os.strerror(ctypes.get_errno()))
             return None
         try:
             self._scan_span(start, end)  # write-protect every page; what it finds predates the token
         except OSError:
+            self._channel.release([(start, end)])
             return None
         tracked.edges = self._edges(tracked)
         self._tracked[(address, nbytes)] = tracked
@@ -326,6 +374,7 @@ class PageWriteTracker:
                     for key, _ in group:
                         del self._tracked[key]
                         written.add(key)
+                    self._channel.release([t.span for _, t in group])
                     continue
                 if not spans:
                     continue
@@ -376,17 +425,20 @@ class PageWriteTracker:
             return None if tracked is None else tracked.registered
 
     def forget(self, view: memoryview) -> None:
-        """Stop tracking ``view`` (its pages stay registered until the memory is unmapped)."""
+        """Stop tracking ``view`` (its pages no other tracked buffer shares are unregistered)."""
         address = buffer_address(view)
         if address is not None:
             with self._lock:
-                self._tracked.pop((address, view.nbytes), None)
+                dropped = self._tracked.pop((address, view.nbytes), None)
+                if dropped is not None:
+                    self._channel.release([dropped.span])
 
     def prune(self, live: set[tuple[int, int]]) -> None:
         """Stop tracking buffers whose ``(address, size)`` is not in ``live``."""
         with self._lock:
-            for key in [k for k in self._tracked if k not in live]:
-                del self._tracked[key]
+            dropped = [self._tracked.pop(k).span for k in [k for k in self._tracked if k not in live]]
+            if dropped:
+                self._channel.release(dropped)
 
     @property
     def tracked_bytes(self) -> int:
@@ -396,6 +448,7 @@ class PageWriteTracker:
     def close(self) -> None:
         """Stop tracking everything (the process's descriptors stay open for other trackers)."""
         with self._lock:
+            self._channel.release([t.span for t in self._tracked.values()])
             self._tracked.clear()
 
 

@@ -149,3 +149,55 @@ def test_a_write_next_to_a_buffer_in_a_shared_page_does_not_count_as_its_change(
         assert tracker.scan() == 1 and tracker.token(buf) != token
     finally:
         tracker.close()
+
+
+def _protected_pages(tracker: PageWriteTracker, start: int, end: int) -> int:
+    """Pages of [start, end) still write-protected (PAGEMAP_SCAN reports, without protecting anything)."""
+    import ctypes
+
+    from jupyter_notebookos.replication import writetrack as wt
+
+    regions = (wt._PageRegion * 64)()
+    arg = wt._ScanArg(
+        ctypes.sizeof(wt._ScanArg), 0, start, end, 0, ctypes.addressof(regions), 64, 0, 0, 0, 0, wt._PAGE_IS_WRITTEN
+    )
+    n = tracker._libc.ioctl(tracker._pagemap, ctypes.c_ulong(wt._PAGEMAP_SCAN), ctypes.byref(arg))
+    assert n >= 0
+    written = sum(regions[i].end - regions[i].start for i in range(n) if regions[i].categories & wt._PAGE_IS_WRITTEN)
+    return (end - start - written) // wt.PAGE
+
+
+def test_a_buffer_no_longer_tracked_leaves_its_pages_unprotected_unless_a_tracked_one_shares_them():
+    """Freed arrays often stay mapped (glibc's heap) and their memory is reused: protected pages would make
+    every first write to them a fault, paid by whatever reuses the memory."""
+    if (why := _tracking_available()) is not None:
+        pytest.skip(f"write tracking {why}")
+    import mmap
+
+    from jupyter_notebookos.replication.writetrack import PAGE, buffer_address
+
+    tracker = PageWriteTracker(min_bytes=1)
+    memory = mmap.mmap(-1, 8 << 20)  # page-aligned, as a large array's mapping is, give or take its header
+    try:
+        base = np.frombuffer(memory, dtype=np.float64)
+        view = base[2**19 :]
+        start = buffer_address(memoryview(base)) or 0
+        middle, end = start + base.nbytes // 2, start + base.nbytes
+        assert start % PAGE == 0
+        tracker.token(memoryview(base))
+        tracker.token(memoryview(view))
+        assert _protected_pages(tracker, start, end) == base.nbytes // PAGE
+        tracker.forget(memoryview(base))
+        assert _protected_pages(tracker, start, middle) == 0
+        assert _protected_pages(tracker, middle, end) == view.nbytes // PAGE  # the view is still tracked
+        token = tracker.token(memoryview(view))
+        view[3] = 1.0
+        assert tracker.scan() == 1 and tracker.token(memoryview(view)) != token
+        tracker.prune(set())
+        assert _protected_pages(tracker, start, end) == 0
+        token = tracker.token(memoryview(base))  # tracked again: protected again, writes seen
+        assert _protected_pages(tracker, start, end) == base.nbytes // PAGE
+        base[0] = 2.0
+        assert tracker.scan() == 1 and tracker.token(memoryview(base)) != token
+    finally:
+        tracker.close()
