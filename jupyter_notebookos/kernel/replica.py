@@ -372,6 +372,7 @@ class ReplicaKernel(IPythonKernel):
             started = time.perf_counter()
             if pending.empty:
                 # Nothing to upload: build the record here rather than hop to a worker thread for it.
+                settle()  # no new values to checksum; pages of buffers no longer tracked are unregistered
                 uploaded.set_result(None)
                 record = statelog.finish(pending, directive.seq, msg_id)
             else:

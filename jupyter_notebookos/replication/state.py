@@ -413,7 +413,9 @@ class StateTracker:
         this call (by a background thread) is in both the upload and the baseline, and one made after it is
         not in the baseline, so the next delta sends the value again. Not thread-safe with the other methods:
         the replica calls it between cells, while nothing else touches the tracker; :meth:`after_cell` calls
-        it first anyway."""
+        it first anyway. It also unregisters the pages of buffers the last scan stopped tracking."""
+        if self.writes is not None:
+            self.writes.release_unneeded()
         baseline = self._baseline
         if baseline is None:
             return
