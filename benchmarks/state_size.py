@@ -9,12 +9,20 @@ on it, and measures, interleaving the two kernels so that noise on a shared mach
 - a cell changing 1 MiB of a 1 GB array: reply time, bytes published (what the object store grew by: the
   chunks; the etcd record is a few hundred bytes more), and the time until both followers applied it;
 - a cell creating a 100 MB array, kernels interleaved, with the transparent-huge-page setting and each
-  kernel's AnonHugePages reported (THP moves the baseline between runs).
+  kernel's AnonHugePages reported (THP moves the baseline between runs), and the time the cell's own code took
+  in each kernel (so that the platform's part of the reply time shows apart from the allocation's).
+
+Memory reuse moves the baseline too. On a VM that reports freed memory to its host (free page reporting, as
+here: ``page_reporting.page_reporting_order=11``), touching a fresh page can cost 5 ms per 2 MB: a 100 MB array
+then takes 40 ms or 300 ms depending on which pages the allocation got. So by default (``--memory reuse``) every
+kernel, plain and NotebookOS alike, runs with glibc keeping freed memory (``MALLOC_MMAP_MAX_=0``, a trim threshold
+of 1 TB; passed on with EG's ``EG_INHERITED_ENVS``); ``--memory fresh`` leaves glibc's defaults.
 
 Memory: a NotebookOS kernel holds its state three times (executor + two followers) and the object store on
 disk; at 1 GB that is 4 GB of kernels. ``--max-gb 2`` adds a 2 GB step (8 GB of kernels: run it alone).
 
     .venv/bin/python benchmarks/state_size.py [--cells N] [--max-gb 1|2|4] [--arrays N] [--state numpy|torch]
+        [--memory reuse|fresh]
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ from tests.support import processes_of, start_platform, stop_platform  # noqa: E
 
 GB = 1 << 30
 MIB = 1 << 20
+#: glibc keeps freed memory (no mmap for large blocks, no trimming), in the gateway and every kernel it starts.
+REUSE_MEMORY = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40), "MALLOC_TOP_PAD_": str(256 * MIB)}
 
 
 def store_bytes(root: Path) -> int:
@@ -102,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arrays", type=int, default=11, help="100 MB array cells per kernel (median)")
     parser.add_argument("--state", choices=("numpy", "torch"), default="numpy", help="what the held GBs are")
     parser.add_argument(
+        "--memory", choices=("reuse", "fresh"), default="reuse", help="glibc keeps freed memory (reuse) or not"
+    )
+    parser.add_argument(
         "--quiet", type=float, default=10.0, help="seconds to let background work (uploads, checkpoints) finish"
     )
     args = parser.parse_args(argv)
@@ -111,10 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     trivial: dict[float, dict[str, list[float]]] = {}
     changes: list[dict[str, float]] = []
     arrays: dict[str, list[float]] = {"plain": [], "notebookos": []}
+    own: dict[str, list[float]] = {"plain": [], "notebookos": []}  # the 100 MB cell's own code, timed inside it
     huge: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="nbos-state-") as tmp, ExitStack() as stack:
         console.print(f"starting the platform in {tmp} ...")
-        platform = start_platform(Path(tmp) / "state")
+        env = {"EG_INHERITED_ENVS": ",".join(REUSE_MEMORY), **REUSE_MEMORY} if args.memory == "reuse" else None
+        platform = start_platform(Path(tmp) / "state", env=env)
         stack.callback(stop_platform, platform)
         client = platform.client
         objects = Path(platform.state_dir) / "objects"
@@ -125,8 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         nos = kernels["notebookos"]
         replicas = client.notebookos_kernel(nos.kernel_id)["replicas"]
         methods = sorted({r.get("change_detection") or "?" for r in replicas})
-        console.print(f"NotebookOS replicas' change detection: {', '.join(methods)}; THP: {thp_setting()}")
-        setup = "import numpy as np\nimport os\nstate = {}"
+        console.print(
+            f"NotebookOS replicas' change detection: {', '.join(methods)}; THP: {thp_setting()}; memory: {args.memory}"
+        )
+        setup = "import numpy as np\nimport os\nimport time\nstate = {}"
         run_both(kernels, setup + ("\nimport torch" if args.state == "torch" else ""), client)
         full = "torch.full(({n},), 1.5, dtype=torch.float64)" if args.state == "torch" else "np.full({n}, 1.5)"
         new_values = "torch.from_numpy({})" if args.state == "torch" else "{}"
@@ -165,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.arrays):
             for label in ("plain", "notebookos") if i % 2 == 0 else ("notebookos", "plain"):
                 kernel = kernels[label]
-                arrays[label].append(kernel.run(ARRAY_CELL.format(i=i), timeout=600))
+                timed = f"_began = time.perf_counter()\n{ARRAY_CELL.format(i=i)}\nprint(time.perf_counter() - _began)"
+                arrays[label].append(kernel.run(timed, timeout=600))
+                assert kernel.last_reply is not None
+                own[label].append(float(kernel.last_reply.stdout.strip()))
                 if label == "notebookos":
                     assert kernel.last_reply is not None
                     wait_applied(client, kernel.kernel_id, int(kernel.last_reply.notebookos["seq"]), 600)
@@ -173,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             pid = int(kernel.conn.execute("print(os.getpid())", 30).stdout.strip())
             huge[label] = anon_huge_kb(pid)
 
-    report(console, trivial, changes, arrays, huge, methods, args.state)
+    report(console, trivial, changes, arrays, own, huge, methods, args.state)
     leftovers = processes_of(Path(tmp) / "state")
     if leftovers:
         console.print(f"[red]left-over processes: {[p.pid for p in leftovers]}[/red]")
@@ -186,6 +206,7 @@ def report(
     trivial: dict[float, dict[str, list[float]]],
     changes: list[dict[str, float]],
     arrays: dict[str, list[float]],
+    own: dict[str, list[float]],
     huge: dict[str, int],
     methods: list[str],
     state: str = "numpy",
@@ -240,6 +261,15 @@ def report(
             ms(na),
             f"{na / pa:.2f}x ({(na / pa - 1) * 100:+.0f} %)",
             "<= +10 %",
+        )
+        po, no = statistics.median(own["plain"]), statistics.median(own["notebookos"])
+        rest = {k: statistics.median(a - o for a, o in zip(arrays[k], own[k], strict=True)) for k in arrays}
+        table.add_row(
+            "  the cell's own code (timed inside it); reply minus it",
+            f"{ms(po)}; {ms(rest['plain'])}",
+            f"{ms(no)}; {ms(rest['notebookos'])}",
+            f"{no / po:.2f}x",
+            "",
         )
         table.add_row(
             f"  THP: {thp_setting()}; AnonHugePages after",
