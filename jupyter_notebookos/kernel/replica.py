@@ -382,7 +382,8 @@ class ReplicaKernel(IPythonKernel):
             started = time.perf_counter()
             if pending.empty:
                 # Nothing to upload: build the record here rather than hop to a worker thread for it.
-                settle()  # no new values to checksum; pages of buffers no longer tracked are unregistered
+                if tracker.writes is not None:  # (not settle(): the next cell may run already, see below)
+                    tracker.writes.release_unneeded()  # pages of buffers no longer tracked are unregistered
                 record = statelog.finish(pending, directive.seq, msg_id)
             else:
                 try:
