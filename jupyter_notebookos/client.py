@@ -144,8 +144,12 @@ class KernelConnection:
         return msg_id
 
     def receive(self, timeout: float) -> dict[str, Any]:
+        """The next message; TimeoutError when none comes within ``timeout`` seconds."""
         self.ws.settimeout(max(timeout, 0.001))
-        return dict(json.loads(self.ws.recv()))
+        try:
+            return dict(json.loads(self.ws.recv()))
+        except websocket.WebSocketTimeoutException as exc:
+            raise TimeoutError(f"no message within {timeout:.1f} s") from exc
 
     def request(self, channel: str, msg_type: str, content: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
         """Send a request and return its reply (other messages are kept for later)."""

@@ -100,6 +100,14 @@ def test_replicas_outlive_a_60_second_etcd_outage_with_their_memory(platform: Pl
             first = conn.execute(f"f = open({str(platform.state_dir / 'runtime.json')!r})\nx = 41")
             assert first.status == "ok"
             executor = first.notebookos["replica"]
+            # The outage starts once the cell's record is in the log and applied everywhere: a publication
+            # caught by a long outage is another case (see the closing note of issue 18).
+            seq = int(first.notebookos["seq"])
+            wait_for(
+                lambda: all(r["applied_seq"] >= seq for r in client.notebookos_kernel(kernel_id)["replicas"]),
+                30,
+                "every replica to apply the first cell",
+            )
             pids = {r["replica_id"]: r["pid"] for r in client.notebookos_kernel(kernel_id)["replicas"]}
 
             for member in members:

@@ -81,7 +81,7 @@ def test_two_clients_see_the_output_of_each_others_cells(kernel: tuple[GatewayCl
         while time.monotonic() < deadline and not any(m.get("msg_type") == "stream" for m in seen):
             try:
                 seen.append(second.receive(0.5))
-            except websocket.WebSocketTimeoutException:
+            except TimeoutError:
                 continue
         streams = [m for m in seen if m.get("msg_type") == "stream"]
         assert len(streams) == 1 and streams[0]["content"]["text"] == "shared\n"
