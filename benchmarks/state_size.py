@@ -187,7 +187,6 @@ def main(argv: list[str] | None = None) -> int:
                 assert kernel.last_reply is not None
                 own[label].append(float(kernel.last_reply.stdout.strip()))
                 if label == "notebookos":
-                    assert kernel.last_reply is not None
                     wait_applied(client, kernel.kernel_id, int(kernel.last_reply.notebookos["seq"]), 600)
         for label, kernel in kernels.items():
             pid = int(kernel.conn.execute("print(os.getpid())", 30).stdout.strip())

@@ -242,7 +242,7 @@ class BufferLineage:
         if _is_torch_storage(obj):
             # Followed through the weak reference for as long as the storage lives (its refcount says nothing
             # of the tensors on it, so it cannot move to _memory, which prune() empties by refcount).
-            return _storage_bytes(obj)
+            return torch_storage_bytes(obj)
         try:
             held = numpy.frombuffer(obj, dtype=numpy.uint8) if not isinstance(obj, numpy.ndarray) else obj
             held = held.reshape(-1).view(numpy.uint8) if held.flags.c_contiguous else None
@@ -318,7 +318,7 @@ def _is_torch_storage(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.UntypedStorage)
 
 
-def _storage_bytes(storage: Any) -> numpy.ndarray:
+def torch_storage_bytes(storage: Any) -> numpy.ndarray:
     """A CPU torch storage's memory as a flat uint8 array (which keeps the storage alive)."""
     torch = sys.modules["torch"]
     return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,)).numpy()

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from jupyter_notebookos.gpu.binding import host_copy
-from jupyter_notebookos.replication.chunks import BufferLineage, TrackedBuffer
+from jupyter_notebookos.replication.chunks import BufferLineage, TrackedBuffer, torch_storage_bytes
 from jupyter_notebookos.replication.config import DEFAULT_BUFFER_THRESHOLD
 from jupyter_notebookos.replication.objectstore import BufferRef, ObjectStore
 
@@ -245,12 +245,10 @@ def _reduce_torch(torch: Any, obj: Any, host_copies: dict[tuple[int, int, str], 
     if isinstance(obj, torch.UntypedStorage):
         if obj.device.type != "cpu":
             return NotImplemented
-        nbytes = obj.nbytes()
-        if nbytes == 0:
+        if obj.nbytes() == 0:
             return (_rebuild_torch_storage, (b"",))
-        # A uint8 tensor on the storage: its numpy view keeps the storage alive as long as the buffer is used.
-        flat = torch.empty(0, dtype=torch.uint8).set_(obj, 0, (nbytes,), (1,))
-        return (_rebuild_torch_storage, (pickle.PickleBuffer(flat.numpy()),))
+        # Its numpy view keeps the storage alive as long as the buffer is used.
+        return (_rebuild_torch_storage, (pickle.PickleBuffer(torch_storage_bytes(obj)),))  # type: ignore[arg-type]
     if (
         obj.layout != torch.strided
         or obj.is_quantized
