@@ -25,6 +25,7 @@ from jupyter_notebookos.coordination import election
 from jupyter_notebookos.coordination.client import Coordinator
 from jupyter_notebookos.coordination.errors import (
     CoordinationError,
+    EtcdFull,
     EtcdUnavailable,
     LeaseLost,
     PermissionDenied,
@@ -48,8 +49,9 @@ _T = TypeVar("_T")
 
 #: Most log records one checkpoint transaction deletes (etcd refuses transactions of more than 128 ops).
 MAX_DELETES_PER_TXN = 100
-#: How long a publication keeps retrying while etcd is unreachable.
-PUBLISH_RETRY_SECONDS = 30.0
+#: Longest pause between two tries of a publication while etcd is unreachable (it keeps trying while the replica
+#: lives: giving up would leave the cell's seq open and the namespace differing from the log).
+PUBLISH_RETRY_MAX_S = 2.0
 #: Least time between two puts of a follower's applied seq. The first report after a quiet spell goes out at
 #: once; during a burst of cells the reports coalesce, so a follower writes to etcd a few times a second
 #: instead of once per cell. Every applied put is an etcd write plus a watch event for the gateway, and on a
@@ -369,26 +371,29 @@ class ReplicaAgent:
         log_keys = [self.keys.log_record(self.kid, r.seq) for r in records]
         executor_key = self.keys.executor(self.kid)
         last = records[-1].seq
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + PUBLISH_RETRY_SECONDS
+        pause = 0.2
         while True:
+            lease = self.lease
             try:
                 result = await co.txn(
                     compare=[election.fence(executor_key, fence), *map(Compare.absent, log_keys)],
                     success=[
                         *(Op.put(k, r.to_json()) for k, r in zip(log_keys, records, strict=True)),
-                        Op.put(self.keys.applied(self.kid, self.rid), str(last), lease=self.lease),
+                        Op.put(self.keys.applied(self.kid, self.rid), str(last), lease=lease),
                     ],
                     failure=[Op.get(executor_key), *map(Op.get, log_keys)],
                 )
                 break
-            except LeaseLost:
-                raise
-            except CoordinationError as exc:
-                if loop.time() > deadline or self._stopping:
+            except (EtcdUnavailable, QuorumLost, EtcdFull, LeaseLost) as exc:
+                # etcd unreachable, restarting, out of quorum or full, or our lease ended in a long outage (the
+                # watchdog registers again with a new one): the record goes out when etcd is back, fenced as before.
+                if self._stopping:
                     return [PublishOutcome(r.seq, False, f"etcd unavailable: {exc}") for r in records]
                 log.warning("publishing records %d..%d: %s; retrying", records[0].seq, last, exc)
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, PUBLISH_RETRY_MAX_S)
+                if isinstance(exc, LeaseLost):
+                    await self._lease_other_than(lease)
         if result.succeeded:
             self._applied_reported = max(self._applied_reported, last)
             return [PublishOutcome(r.seq, True) for r in records]
@@ -532,6 +537,11 @@ class ReplicaAgent:
             elif loop.time() <= lease.confirmed_until and unconfirmed_since is not None:
                 log.info("etcd confirmed lease %x again after %.1f s", lease.id, loop.time() - unconfirmed_since)
                 unconfirmed_since = None
+
+    async def _lease_other_than(self, lease: Lease | None) -> None:
+        """Wait until the watchdog holds a lease other than ``lease`` (it rejoined), or the replica stops."""
+        while self.lease is lease and not self._stopping:
+            await asyncio.sleep(0.2)
 
     async def _rejoin(self, old: Lease) -> bool:
         """etcd ended our lease (an outage outlived it): take a new one and register again with the same state.
