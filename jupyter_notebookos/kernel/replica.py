@@ -59,6 +59,12 @@ CATCH_UP_TIMEOUT = 30.0
 #: longer to reach the client. 20 ms is well after a reply reached a client on the same machine.
 PUBLICATION_DELAY = 0.02
 
+#: Seconds after a checkpoint was put off (a follower had not applied enough yet) until the executor looks again,
+#: if no cell came meanwhile (otherwise a notebook that goes quiet right then keeps its whole log until its next
+#: cells); each further look waits twice as long, up to CHECKPOINT_RETRY_MAX_S.
+CHECKPOINT_RETRY_S = 2.0
+CHECKPOINT_RETRY_MAX_S = 120.0
+
 
 @contextlib.contextmanager
 def _sigint_deferred() -> Iterator[None]:
@@ -455,7 +461,7 @@ class ReplicaKernel(IPythonKernel):
             self.io_loop.add_callback(self.io_loop.remove_timeout, timer)  # the loop's own thread, as tornado wants
             submit()
 
-    async def _maybe_checkpoint(self, seq: int) -> None:
+    async def _maybe_checkpoint(self, seq: int, *, again: float = 0.0) -> None:
         """Checkpoint the namespace if enough log records could then be deleted (a dispatch).
 
         The namespace is pickled here, between requests; its buffers are uploaded in the background like a
@@ -465,12 +471,16 @@ class ReplicaKernel(IPythonKernel):
         await self._quiesce()
         every = self.settings.checkpoint_every
         seq = self.applied
-        if seq - self._checkpoint_seq < every or seq < self._next_checkpoint_check:
+        if seq - self._checkpoint_seq < every or (seq < self._next_checkpoint_check and not again):
             return
         agent, statelog, fence = self.agent, self.statelog, self._last_fence
         delete = await asyncio.wrap_future(agent.thread.submit(agent.checkpoint_due(seq, every)))
         if delete is None:
-            self._next_checkpoint_check = seq + max(1, every // 4)  # followers behind: look again later
+            # Followers behind: look again a few records later, or in a moment if no cell comes meanwhile.
+            self._next_checkpoint_check = seq + max(1, every // 4)
+            wait = min(again * 2, CHECKPOINT_RETRY_MAX_S) if again else CHECKPOINT_RETRY_S
+            assert self.io_loop is not None
+            self.io_loop.call_later(wait, self._checkpoint_again, seq, wait)
             return
         pending = statelog.serialize_checkpoint(
             self.namespace, self.tracker.user_names(), self.settings.buffer_threshold
@@ -509,6 +519,11 @@ class ReplicaKernel(IPythonKernel):
         self._uploading = uploaded
         future = agent.thread.submit(commit())
         future.add_done_callback(_log_failure("checkpoint"))
+
+    def _checkpoint_again(self, seq: int, waited: float) -> None:
+        """Look again at a put-off checkpoint, unless a cell came since (its publication looks again itself)."""
+        if self.applied == seq:
+            self.schedule_dispatch(partial(self._maybe_checkpoint, again=waited), seq)
 
     def _reply_error(self, stream: Any, ident: Any, parent: dict[str, Any], ename: str, evalue: str) -> None:
         content = {"status": "error", "ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -234,6 +236,26 @@ def test_new_replica_restores_from_checkpoint_and_log(replicas: ReplicaFactory) 
     assert r2.registration is not None and r2.registration.applied_seq == 5
     assert digest(r2) == digest(r0)
     assert r2.execute("print(log, m[0, 0], f(0))").stdout == "[786432.0, 'x', 3] -1.0 3\n"
+
+
+def test_a_checkpoint_put_off_for_a_follower_behind_follows_when_it_catches_up(replicas: ReplicaFactory) -> None:
+    """The executor looks again at a put-off checkpoint although no further cell comes."""
+    every = {p.ENV_CHECKPOINT_EVERY: "2"}
+    r0 = replicas.start("r0", every)
+    r1 = replicas.start("r1", every)
+    fence = replicas.elect("r0")
+    os.kill(r1.proc.pid, signal.SIGSTOP)  # behind while the executor reaches its checkpoint
+    try:
+        for seq in (1, 2):
+            assert r0.execute(f"v = {seq}", CellDirective(seq=seq, fence=fence)).status == "ok"
+        replicas.wait_applied("r0", 2)
+        time.sleep(0.5)
+        assert replicas.etcd.get(replicas.keys.checkpoint(replicas.kernel_id)) is None, "r1 had not applied seq 1"
+    finally:
+        os.kill(r1.proc.pid, signal.SIGCONT)
+    replicas.wait_applied("r1", 2)
+    wait_for(lambda: replicas.etcd.get(replicas.keys.checkpoint(replicas.kernel_id)), 10, "the put-off checkpoint")
+    assert log_keys(replicas) == []
 
 
 def test_unpicklable_variable_warns_once_and_cell_succeeds(replicas: ReplicaFactory) -> None:
