@@ -94,6 +94,7 @@ class CellCommits(RouterState):
         if switching:
             self.executor, self.fence = grant.replica_id, result.revision
         cell.seq = seq
+        self.last_executor = grant.replica_id
         cell.entries = {cell_key: result.revision}
         cell.entries.update((key, result.revision) for key in gpu_keys)
         self.log_head = seq

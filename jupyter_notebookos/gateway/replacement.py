@@ -51,6 +51,7 @@ class ReplicaReplacement(PlatformState):
 
     def _replica_lost(self, router: ReplicaRouter, registration: ReplicaRegistration, why: str) -> None:
         """A replica is gone: tell the scheduler now, and start the replacement it places."""
+        router.replica_lost(registration.replica_id)
         self.residency.forget(router.kernel_id, registration.replica_id)  # its device memory went with it
         record = self.kernels.get(router.kernel_id)
         if record is None:

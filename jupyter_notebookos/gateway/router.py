@@ -102,6 +102,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         self.log_head = 0  # the last seq handed to a cell
         self.published_seq = 0  # the highest seq whose record is in the log (or covered by a checkpoint)
         self.executor: str | None = None
+        self.last_executor: str | None = None  # the executor of seq log_head: it holds any records not published
         self.fence = 0  # create_revision of the executor key for the current executor
         self._executor_key_absent = False  # known absent in etcd: a new term need not delete it first
         self.running: PendingCell | None = None
@@ -117,6 +118,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         self._queue: asyncio.Queue[PendingCell] = asyncio.Queue()
         self.adopted_cells: list[PendingCell] = []  # running when a previous gateway died
         self._changed: dict[int, list[str]] = {}  # log seq -> names its cell's reply said it changed
+        self._closing: set[str] = set()  # replicas whose unpublished seqs are being closed as lost
 
         self._routes: OrderedDict[str, str] = OrderedDict()  # request msg_id -> replica id
         self._evictions = {}
@@ -142,6 +144,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             if section == "executor":
                 # Re-attaching: the executor term in force (later changes are our own, made in memory first).
                 self.executor, self.fence = kv.value.decode(errors="replace"), kv.create_revision
+                self.last_executor = self.executor
             elif section == "cells":
                 running.append((kv.key, kv.value, kv.mod_revision))
         for key, value, revision in running:
@@ -243,8 +246,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             link.close()
         if registration is None:
             return
-        was_executor = self.executor == rid
-        if was_executor:
+        if self.executor == rid:
             self.executor, self.fence = None, 0
         if self.shutting_down:
             if not self.replicas.registered_count():
@@ -260,11 +262,18 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         cell = self.running
         if cell is not None and cell.grant is not None and cell.grant.replica_id == rid and not cell.done.done():
             self._fail_running_cell(cell, registration, why)
-        elif was_executor and self.published_seq < self.log_head:
+        elif retiring or self.on_replica_lost is None:
+            self.replica_lost(rid)
+        # Else the platform calls replica_lost() once the replica is lost for good: a live process whose lease
+        # etcd ended in an outage registers again and publishes its records itself.
+
+    def replica_lost(self, rid: str) -> None:
+        """Replica ``rid`` is gone for good. If it replied to the last cells but did not publish their records,
+        those cells' state changes are lost: close their sequence numbers so the other replicas do not wait."""
+        if self.last_executor == rid and self.published_seq < self.log_head and rid not in self._closing:
             # (published_seq is refreshed from etcd there: the router does not watch the log.)
-            # It replied to its last cells but died before publishing their records: those cells' state
-            # changes are lost; close their sequence numbers so the other replicas do not wait for them.
-            self._spawn(self._close_lost_seqs(rid))
+            self._closing.add(rid)
+            self._spawn(self._close_lost_seqs(rid)).add_done_callback(lambda _: self._closing.discard(rid))
 
     # -- cells --------------------------------------------------------------------------------------
 
@@ -402,7 +411,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             self.ledger.release(cell.entries)
 
     def _fail_running_cell(self, cell: PendingCell, registration: ReplicaRegistration, why: str) -> None:
-        self._spawn(self._close_lost_seqs(registration.replica_id))
+        self.replica_lost(registration.replica_id)
         if not cell.began_executing:
             cell.retry = True
             cell.done.set_result(None)

@@ -56,6 +56,7 @@ class RouterState:
     log_head: int
     published_seq: int
     executor: str | None
+    last_executor: str | None
     fence: int
     _executor_key_absent: bool
     running: PendingCell | None
@@ -71,6 +72,7 @@ class RouterState:
     _queue: asyncio.Queue[PendingCell]
     adopted_cells: list[PendingCell]
     _changed: dict[int, list[str]]
+    _closing: set[str]
     _routes: OrderedDict[str, str]
     _evictions: dict[str, asyncio.Future[dict[str, Any]]]  # evict request msg_id -> the replica's answer
     _stdin_owner: str | None

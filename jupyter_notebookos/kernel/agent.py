@@ -372,18 +372,18 @@ class ReplicaAgent:
         executor_key = self.keys.executor(self.kid)
         last = records[-1].seq
         pause = 0.2
+        term = [election.fence(executor_key, fence)]
         while True:
             lease = self.lease
             try:
                 result = await co.txn(
-                    compare=[election.fence(executor_key, fence), *map(Compare.absent, log_keys)],
+                    compare=[*term, *map(Compare.absent, log_keys)],
                     success=[
                         *(Op.put(k, r.to_json()) for k, r in zip(log_keys, records, strict=True)),
                         Op.put(self.keys.applied(self.kid, self.rid), str(last), lease=lease),
                     ],
                     failure=[Op.get(executor_key), *map(Op.get, log_keys)],
                 )
-                break
             except (EtcdUnavailable, QuorumLost, EtcdFull, LeaseLost) as exc:
                 # etcd unreachable, restarting, out of quorum or full, or our lease ended in a long outage (the
                 # watchdog registers again with a new one): the record goes out when etcd is back, fenced as before.
@@ -394,6 +394,21 @@ class ReplicaAgent:
                 pause = min(pause * 2, PUBLISH_RETRY_MAX_S)
                 if isinstance(exc, LeaseLost):
                     await self._lease_other_than(lease)
+                continue
+            if result.succeeded or len(term) > 1:
+                break
+            if result.results[0].items or any(r.items for r in result.results[1:]):
+                break
+            # The executor key is gone and none of the records is written: the term ended with our lease (an etcd
+            # outage outlived it), not with a new executor (the router opens the next term only once a replica
+            # applied these records, and closes them as lost before replacing us). The records go out while no
+            # term is in force, no one wrote them, and this replica is still registered.
+            log.info(
+                "records %d..%d: the executor term ended with this replica's lease; publishing them",
+                records[0].seq,
+                last,
+            )
+            term = [Compare.absent(executor_key), Compare.present(self.keys.replica(self.kid, self.rid))]
         if result.succeeded:
             self._applied_reported = max(self._applied_reported, last)
             return [PublishOutcome(r.seq, True) for r in records]
