@@ -153,6 +153,8 @@ class ReplicaKernel(IPythonKernel):
         self._last_fence = 0
         self._checkpoint_seq = FIRST_SEQ - 1  # the latest checkpoint this replica knows of
         self._next_checkpoint_check = FIRST_SEQ
+        self._checkpoint_retry: object | None = None  # the timer of a put-off checkpoint's next look
+        self._own_seq = FIRST_SEQ - 1  # the last record this replica published as the executor
 
     # -- restore ---------------------------------------------------------------------------------------
 
@@ -376,6 +378,7 @@ class ReplicaKernel(IPythonKernel):
         uploaded: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.applied = max(self.applied, directive.seq)
         self._last_fence = directive.fence
+        self._own_seq = directive.seq
 
         def settle() -> None:
             try:
@@ -478,9 +481,10 @@ class ReplicaKernel(IPythonKernel):
         if delete is None:
             # Followers behind: look again a few records later, or in a moment if no cell comes meanwhile.
             self._next_checkpoint_check = seq + max(1, every // 4)
-            wait = min(again * 2, CHECKPOINT_RETRY_MAX_S) if again else CHECKPOINT_RETRY_S
-            assert self.io_loop is not None
-            self.io_loop.call_later(wait, self._checkpoint_again, seq, wait)
+            if self._checkpoint_retry is None:
+                wait = min(again * 2, CHECKPOINT_RETRY_MAX_S) if again else CHECKPOINT_RETRY_S
+                assert self.io_loop is not None
+                self._checkpoint_retry = self.io_loop.call_later(wait, self._checkpoint_again, wait)
             return
         pending = statelog.serialize_checkpoint(
             self.namespace, self.tracker.user_names(), self.settings.buffer_threshold
@@ -520,10 +524,11 @@ class ReplicaKernel(IPythonKernel):
         future = agent.thread.submit(commit())
         future.add_done_callback(_log_failure("checkpoint"))
 
-    def _checkpoint_again(self, seq: int, waited: float) -> None:
-        """Look again at a put-off checkpoint, unless a cell came since (its publication looks again itself)."""
-        if self.applied == seq:
-            self.schedule_dispatch(partial(self._maybe_checkpoint, again=waited), seq)
+    def _checkpoint_again(self, waited: float) -> None:
+        """Look again at a put-off checkpoint, unless another replica ran a cell since (it checkpoints now)."""
+        self._checkpoint_retry = None
+        if self.applied == self._own_seq:
+            self.schedule_dispatch(partial(self._maybe_checkpoint, again=waited), self.applied)
 
     def _reply_error(self, stream: Any, ident: Any, parent: dict[str, Any], ename: str, evalue: str) -> None:
         content = {"status": "error", "ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
