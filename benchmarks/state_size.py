@@ -16,7 +16,10 @@ Memory reuse moves the baseline too. On a VM that reports freed memory to its ho
 here: ``page_reporting.page_reporting_order=11``), touching a fresh page can cost 5 ms per 2 MB: a 100 MB array
 then takes 40 ms or 300 ms depending on which pages the allocation got. So by default (``--memory reuse``) every
 kernel, plain and NotebookOS alike, runs with glibc keeping freed memory (``MALLOC_MMAP_MAX_=0``, a trim threshold
-of 1 TB; passed on with EG's ``EG_INHERITED_ENVS``); ``--memory fresh`` leaves glibc's defaults.
+of 1 TB; passed on with EG's ``EG_INHERITED_ENVS``); ``--memory fresh`` leaves glibc's defaults. So does the
+kernel's writeback of what the object store wrote: Linux writes dirty pages back 30 s after they were written,
+which for the 1 GB step landed in the middle of its trivial cells (plain and NotebookOS alike). Each step starts
+after an ``os.sync()``.
 
 Memory: a NotebookOS kernel holds its state three times (executor + two followers) and the object store on
 disk; at 1 GB that is 4 GB of kernels. ``--max-gb 2`` adds a 2 GB step (8 GB of kernels: run it alone).
@@ -155,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 cell = "state['held'] = " + full.format(n=int(size * GB) // 8)
                 took = run_both(kernels, cell, client)
                 time.sleep(args.quiet)  # the executor's checkpoint of the new state runs in the background
+                os.sync()  # the store's new GB goes to disk now, not in the kernel's writeback 30 s later, mid-step
                 console.print(
                     f"{size:g} GB held: filling took {took['plain']:.1f} s plain, {took['notebookos']:.1f} s "
                     f"NotebookOS, followers applied {took['applied']:.1f} s after the reply"
@@ -176,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                     changes.append(took)
 
         run_both(kernels, "state.clear()", client)
+        os.sync()
         # The 100 MB array cell, kernels interleaved (as benchmarks/replicated_kernel.py: each NotebookOS cell's
         # followers apply it before the next cell, so their work does not land in the next reply on this
         # machine, where all three replicas share its cores); THP state of each kernel afterwards.
