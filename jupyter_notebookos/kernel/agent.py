@@ -35,6 +35,7 @@ from jupyter_notebookos.coordination.keys import KeyLayout
 from jupyter_notebookos.coordination.kv import EventType
 from jupyter_notebookos.coordination.lease import Lease
 from jupyter_notebookos.coordination.txn import Compare, Op
+from jupyter_notebookos.kernel.keepalive import LeaseKeeper
 from jupyter_notebookos.kernel.settings import ReplicaSettings
 from jupyter_notebookos.replication.protocol import (
     FIRST_SEQ,
@@ -143,6 +144,7 @@ class ReplicaAgent:
         self.thread = CoordinationThread()
         self.coordinator: Coordinator | None = None
         self.lease: Lease | None = None
+        self._keeper: LeaseKeeper | None = None  # renews the lease while a cell holds the GIL
         self._on_fatal = on_fatal
         self._stopping = False
         self._applied_target = FIRST_SEQ - 1
@@ -191,6 +193,7 @@ class ReplicaAgent:
                     raise
                 log.warning("etcd not reachable yet (%s); trying again", err)
                 await asyncio.sleep(1.0)
+        self._keeper = LeaseKeeper.start(self.lease.id)
         self._applied_wakeup = asyncio.Event()
         self._publish_lock = asyncio.Lock()
         loop = asyncio.get_running_loop()
@@ -495,6 +498,8 @@ class ReplicaAgent:
     def revoke(self, timeout: float = 2.0) -> None:
         """Revoke the lease (registration, applied and GPU keys vanish at once) and stop."""
         self._stopping = True
+        if self._keeper is not None:
+            self._keeper.stop()  # before the revoke: nothing renews the lease any more
         try:
             self.thread.run(self._revoke(timeout), timeout + 1)
         except Exception as exc:
@@ -588,6 +593,8 @@ class ReplicaAgent:
                 await asyncio.sleep(0.5)
                 continue
             self.lease = lease
+            if self._keeper is not None:
+                self._keeper.follow(lease.id)
             log.info("registered again with lease %x at applied seq %d", lease.id, self._applied_reported)
             return True
         return False

@@ -165,13 +165,18 @@ class Replica:
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=10)
 
-    def orphans_left(self) -> bool:
-        """Whether any process of this replica's session (group) is still alive."""
-        try:
-            os.killpg(self.proc.pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+    def orphans_left(self, within: float = 3.0) -> bool:
+        """Whether any process of this replica's session (group) is still alive ``within`` seconds after it was
+        killed (its lease keeper, a child of the replica, is reaped by init, which may take a moment)."""
+        deadline = time.monotonic() + within
+        while True:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return False
+            if time.monotonic() > deadline:
+                return True
+            time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -256,6 +257,28 @@ def test_a_checkpoint_put_off_for_a_follower_behind_follows_when_it_catches_up(r
     replicas.wait_applied("r1", 2)
     wait_for(lambda: replicas.etcd.get(replicas.keys.checkpoint(replicas.kernel_id)), 10, "the put-off checkpoint")
     assert log_keys(replicas) == []
+
+
+def test_a_cell_holding_the_gil_past_the_lease_ttl_keeps_its_replica_registered(replicas: ReplicaFactory) -> None:
+    """A C call that never releases the GIL (here libc's sleep through ctypes.PyDLL) stops the replica's own
+    lease renewals; its lease keeper process renews the lease meanwhile, so the replica is not taken for dead."""
+    r0 = replicas.start("r0")
+    r1 = replicas.start("r1")
+    fence = replicas.elect("r0")
+    key = replicas.keys.replica(replicas.kernel_id, "r0")
+    holds = 3 * 2  # three lease TTLs (the harness's replicas take 2 s leases)
+    code = f"import ctypes\nctypes.PyDLL(None).sleep({holds})\nx = 'after the GIL came back'"
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(r0.execute, code, CellDirective(seq=1, fence=fence), holds + 30)
+        while not running.done():  # the registration stays, bound to the lease, all along
+            assert replicas.etcd.get(key) is not None, "r0's lease ended while its cell held the GIL"
+            time.sleep(0.2)
+        cell = running.result()
+    assert cell.status == "ok", cell.reply["content"]
+    replicas.wait_applied("r1", 1)
+    assert r1.execute("print(x)").stdout == "after the GIL came back\n"
+    assert replicas.etcd.get(key) is not None
+    assert "etcd lease" not in r0.log(), r0.log()
 
 
 def test_unpicklable_variable_warns_once_and_cell_succeeds(replicas: ReplicaFactory) -> None:
