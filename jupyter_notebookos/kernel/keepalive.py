@@ -12,15 +12,19 @@ lease, the pipe closes and the helper exits at once without touching the lease: 
 after its TTL or by the revoke. A host cut off from etcd stops both renewals alike. The replica keeps renewing too,
 and it is the replica that learns from etcd when the lease is gone.
 
-    python -m jupyter_notebookos.kernel.keepalive     (environment: the replica's own; see ReplicaSettings)
+    python -m jupyter_notebookos.kernel.keepalive REPLICA_PID    (environment: the replica's own, see ReplicaSettings)
+
+It dies with the replica process (``PR_SET_PDEATHSIG``), and also stops when its stdin closes or it is orphaned.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -32,6 +36,8 @@ from jupyter_notebookos.coordination.lease import Lease
 from jupyter_notebookos.kernel.settings import ReplicaConfigError, ReplicaSettings
 
 log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class LeaseKeeper:
@@ -45,7 +51,7 @@ class LeaseKeeper:
         """Start the helper on lease ``lease_id`` (None, and a warning, if it cannot start)."""
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", __name__],
+                [sys.executable, "-m", __name__, str(os.getpid())],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 close_fds=True,
@@ -128,8 +134,18 @@ async def keep(settings: ReplicaSettings, lines: IO[bytes]) -> None:
             await coordinator.close()
 
 
+def _die_with(parent: int) -> bool:
+    """Have the kernel kill this process when its parent (the replica) dies; False if it already has."""
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    return os.getppid() == parent
+
+
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="[keepalive %(levelname)s] %(message)s")
+    if len(sys.argv) != 2 or not _die_with(int(sys.argv[1])):
+        return 0  # started by hand, or the replica is gone already
     try:
         settings = ReplicaSettings.from_env(os.environ)
         asyncio.run(keep(settings, sys.stdin.buffer))
