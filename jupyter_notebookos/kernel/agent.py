@@ -193,12 +193,26 @@ class ReplicaAgent:
                     raise
                 log.warning("etcd not reachable yet (%s); trying again", err)
                 await asyncio.sleep(1.0)
-        self._keeper = LeaseKeeper.start(self.lease.id)
         self._applied_wakeup = asyncio.Event()
         self._publish_lock = asyncio.Lock()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._watchdog(), name="lease watchdog"))
         self._tasks.append(loop.create_task(self._report_applied_loop(), name="applied reporter"))
+
+    def keep_lease_from_helper(self) -> None:
+        """Have a lease keeper (:mod:`.keepalive`) renew the lease too, from now on (idempotent).
+
+        Called by the main thread when the replica first runs a cell, not at its start: a kernel's start pays
+        nothing for it, and replicas that only follow the log do not hold the GIL for seconds. It starts here, not
+        on the coordination thread, which could not run while the cell holds the GIL; the helper dies with the
+        main thread, that is with the process."""
+        lease = self.lease
+        if self._keeper is not None or lease is None or self._stopping:
+            return
+        self._keeper = LeaseKeeper.start(lease.id)
+        now = self.lease
+        if self._keeper is not None and now is not None and now is not lease:
+            self._keeper.follow(now.id)  # registered again meanwhile (_rejoin saw no keeper yet)
 
     def read_snapshot(self) -> LogSnapshot:
         """The checkpoint pointer and every log record after it, in one consistent read."""

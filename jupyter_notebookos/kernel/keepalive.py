@@ -6,7 +6,7 @@ does not release the GIL. etcd then ended the lease, the gateway took the replic
 that the cell failed while it went on running. This helper renews the same lease from its own process, so the
 lease follows the replica process's life, not its GIL.
 
-The replica starts it with a pipe as its stdin and writes the id of the lease to keep alive (hex, one line), and a
+The replica starts it when it first runs a cell (its start pays nothing for it), with a pipe as its stdin and writes the id of the lease to keep alive (hex, one line), and a
 new id when it registers again with a new lease. When the replica ends, or stops the helper before it revokes its
 lease, the pipe closes and the helper exits at once without touching the lease: the lease then ends as before,
 after its TTL or by the revoke. A host cut off from etcd stops both renewals alike. The replica keeps renewing too,
@@ -37,7 +37,7 @@ from jupyter_notebookos.kernel.settings import ReplicaConfigError, ReplicaSettin
 
 log = logging.getLogger(__name__)
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>: the signal comes when the thread that started the helper ends
 
 
 class LeaseKeeper:

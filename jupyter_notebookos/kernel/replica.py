@@ -359,6 +359,7 @@ class ReplicaKernel(IPythonKernel):
             )
             return
         self._cell = _Cell(directive, msg_id)
+        self.agent.keep_lease_from_helper()  # this replica runs user code: a GIL hold must not end its lease
         try:
             await super().execute_request(stream, ident, parent)
         finally:
