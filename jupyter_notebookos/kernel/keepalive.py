@@ -6,11 +6,12 @@ does not release the GIL. etcd then ended the lease, the gateway took the replic
 that the cell failed while it went on running. This helper renews the same lease from its own process, so the
 lease follows the replica process's life, not its GIL.
 
-The replica starts it when it first runs a cell (its start pays nothing for it), with a pipe as its stdin and writes the id of the lease to keep alive (hex, one line), and a
-new id when it registers again with a new lease. When the replica ends, or stops the helper before it revokes its
-lease, the pipe closes and the helper exits at once without touching the lease: the lease then ends as before,
-after its TTL or by the revoke. A host cut off from etcd stops both renewals alike. The replica keeps renewing too,
-and it is the replica that learns from etcd when the lease is gone.
+The replica starts it when it first runs a cell (its start pays nothing for it), with a pipe as its stdin, and
+writes the id of the lease to keep alive (hex, one line), and a new id when it registers again with a new lease.
+When the replica ends, or stops the helper before it revokes its lease, the pipe closes and the helper exits at once
+without touching the lease: the lease then ends as before, after its TTL or by the revoke. A host cut off from etcd
+stops both renewals alike. The replica keeps renewing too, and it is the replica that learns from etcd when the
+lease is gone.
 
     python -m jupyter_notebookos.kernel.keepalive REPLICA_PID    (environment: the replica's own, see ReplicaSettings)
 
