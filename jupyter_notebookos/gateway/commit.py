@@ -113,14 +113,16 @@ class CellCommits(RouterState):
                 log.error("kernel %s: ignoring a malformed checkpoint pointer: %r", self.kernel_id, err)
         return max([covered, *(keys.seq_of(kv.key) for kv in records)])
 
-    async def _close_lost_seqs(self, replica_id: str) -> None:
-        """Write ``lost`` records for every seq a dead executor was given but did not publish."""
+    async def _close_lost_seqs(self, replica_id: str, upto: int) -> None:
+        """Write ``lost`` records for every seq up to ``upto`` a dead executor was given but did not publish.
+
+        ``upto`` is the log head when it was found dead: seqs handed out since belong to another executor."""
         try:
             self.published_seq = max(self.published_seq, await self._published_seq())
         except CoordinationError as err:
             log.error("kernel %s: cannot read the state log: %s", self.kernel_id, err)
             return
-        seqs = range(self.published_seq + 1, self.log_head + 1)
+        seqs = range(self.published_seq + 1, upto + 1)
         if not seqs:
             return
         log.warning(
@@ -130,14 +132,16 @@ class CellCommits(RouterState):
             ", ".join(map(str, seqs)),
         )
         try:
-            # A stale executor must not publish after this: its fence (the executor key) goes first.
-            await self.coordinator.delete(self.keys.executor(self.kernel_id))
+            if self.executor in (None, replica_id):  # (not a term opened since for another replica)
+                # A stale executor must not publish after this: its fence (the executor key) goes first.
+                await self.coordinator.delete(self.keys.executor(self.kernel_id))
             for seq in seqs:
                 key = self.keys.log_record(self.kernel_id, seq)
                 # The names the cell's reply said it changed: the next cell's output tells the user they are lost.
                 names = self._changed.pop(seq, [])
                 record = LogRecord(seq=seq, kind="lost", msg_id="", replica_id=replica_id, names=names)
                 await self.coordinator.txn(compare=[Compare.absent(key)], success=[Op.put(key, record.to_json())])
+            self.published_seq = max(self.published_seq, upto)
         except CoordinationError as err:
             log.error("kernel %s: could not close log records %s: %s", self.kernel_id, list(seqs), err)
 

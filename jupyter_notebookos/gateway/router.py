@@ -273,7 +273,8 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         if self.last_executor == rid and self.published_seq < self.log_head and rid not in self._closing:
             # (published_seq is refreshed from etcd there: the router does not watch the log.)
             self._closing.add(rid)
-            self._spawn(self._close_lost_seqs(rid)).add_done_callback(lambda _: self._closing.discard(rid))
+            closing = self._spawn(self._close_lost_seqs(rid, self.log_head))
+            closing.add_done_callback(lambda _: self._closing.discard(rid))
 
     # -- cells --------------------------------------------------------------------------------------
 
