@@ -42,8 +42,9 @@ class Fingerprint:
     type: type
     digest: bytes | None
     error: str | None = None
-    # Checksums left for later (see fingerprint(defer_buffers=...)): the buffers and the pickle stream.
-    pending: tuple[tuple[memoryview, ...], bytes] | None = field(default=None, compare=False)
+    # Checksums left for later (see fingerprint(defer_buffers=...)): each buffer's part of the digest in
+    # pickle order (done: bytes; left for later: the buffer) and the pickle stream.
+    pending: tuple[tuple[bytes | memoryview, ...], bytes] | None = field(default=None, compare=False)
 
     def same_as(self, other: Fingerprint) -> bool:
         """Whether the value is unchanged (same object, same type, same content)."""
@@ -51,14 +52,21 @@ class Fingerprint:
             raise ValueError("compare settled fingerprints only")
         return (self.oid, self.type, self.digest) == (other.oid, other.type, other.digest)
 
-    def settled(self) -> Fingerprint:
-        """This fingerprint with the checksums it left for later done (itself if none were left)."""
+    def settled(self, writes: PageWriteTracker | None = None) -> Fingerprint:
+        """This fingerprint with the checksums it left for later done (itself if none were left).
+
+        A buffer left for later is registered with ``writes`` now (its version token), or checksummed where
+        it cannot be tracked: the digest is the one :func:`fingerprint` would have given without deferring."""
         if self.pending is None:
             return self
-        views, data = self.pending
+        parts, data = self.pending
         digest = hashlib.blake2b(digest_size=16)
-        for view in views:
-            digest.update(buffer_checksum(view))
+        for part in parts:
+            if isinstance(part, bytes):
+                digest.update(part)
+                continue
+            token = writes.token(part) if writes is not None and part.nbytes >= writes.min_bytes else None
+            digest.update(token if token is not None else buffer_checksum(part))
         digest.update(data)
         return Fingerprint(self.oid, self.type, digest.digest(), self.error)
 
@@ -99,38 +107,44 @@ def fingerprint(
 
     ``keep`` receives the pickler's memo, which must stay alive while ids of several values are compared
     (temporaries made while pickling one value could otherwise reuse ids seen in another).
-    ``defer_buffers`` leaves the checksums of buffers of at least that many bytes for
-    :meth:`Fingerprint.settled` (the digest is then the same as without it, once settled).
+    ``defer_buffers`` leaves the checksums of buffers of at least that many bytes, and the registration of
+    those that ``writes`` does not track yet, for :meth:`Fingerprint.settled` (the digest is then the same as
+    without it, once settled).
     ``writes`` (when given) supplies version tokens for buffers of at least ``writes.min_bytes`` that it can
-    track; their ``(address, size)`` go into ``live``. ``clear_dirty`` forgets the written spans the tracker
-    holds for those buffers (after a record wrote them from outside a cell: the replicas already have them).
+    track; the ``(address, size)`` of those it tracks go into ``live``. ``clear_dirty`` forgets the written
+    spans the tracker holds for those buffers (after a record wrote them from outside a cell: the replicas
+    already have them).
     """
     t = type(value)
     if t in ATOMIC_TYPES or isinstance(value, types.ModuleType):
         return Fingerprint(id(value), t, None)
     if value is namespace:
         return Fingerprint(id(value), t, b"namespace")
-    digest = hashlib.blake2b(digest_size=16)
-    deferred: list[memoryview] = []
+    parts: list[bytes | memoryview] = []  # each buffer's part of the digest (a buffer: left for later)
+    deferring = False
 
     def on_buffer(buf: Any) -> bool:
+        nonlocal deferring
         try:
             raw = buf.raw()
         except BufferError:
             return True
+        defer = defer_buffers is not None and raw.nbytes >= defer_buffers
         if writes is not None and raw.nbytes >= writes.min_bytes:
-            token = writes.token(raw)
+            # Registering a buffer write-protects its pages (0.2 ms per 100 MB): a new one's is left for later.
+            token = writes.token(raw, register=not defer)
             if token is not None:
-                digest.update(token)
+                parts.append(token)
                 if live is not None:
                     live.add((buffer_address(raw) or 0, raw.nbytes))
                 if clear_dirty:
                     writes.take_dirty(raw)
                 return False
-        if defer_buffers is not None and raw.nbytes >= defer_buffers:
-            deferred.append(raw)
+        if defer:
+            parts.append(raw)
+            deferring = True
         else:
-            digest.update(buffer_checksum(raw))
+            parts.append(buffer_checksum(raw))
         return False
 
     stream = io.BytesIO()
@@ -147,8 +161,11 @@ def fingerprint(
         shared_ids.extend(k for k, (_, obj) in memo.items() if _shareable(obj, namespace))
         if keep is not None:
             keep.append(memo)
-    if deferred:
-        return Fingerprint(id(value), t, None, pending=(tuple(deferred), stream.getvalue()))
+    if deferring:
+        return Fingerprint(id(value), t, None, pending=(tuple(parts), stream.getvalue()))
+    digest = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        digest.update(part)
     digest.update(stream.getbuffer())
     return Fingerprint(id(value), t, digest.digest())
 

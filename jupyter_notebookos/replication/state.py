@@ -421,7 +421,7 @@ class StateTracker:
             return
         for name, print_ in list(baseline.items()):
             if print_.pending is not None:
-                baseline[name] = print_.settled()
+                baseline[name] = print_.settled(self.writes)
 
     def refresh(self, names: Iterable[str]) -> None:
         """Re-fingerprint ``names`` into the baseline (after a record changed them from outside a cell)."""

@@ -294,12 +294,12 @@ class PageWriteTracker:
 
     # -- tracking --------------------------------------------------------------------------------------
 
-    def token(self, view: memoryview) -> bytes | None:
+    def token(self, view: memoryview, *, register: bool = True) -> bytes | None:
         """The buffer's version token (changes whenever a scan finds it written); None when it cannot be
         tracked (read-only or non-contiguous view, a file mapping...): checksum it instead.
 
         The first call registers the buffer and write-protects it: its token then stands for its content as
-        of that moment."""
+        of that moment. With ``register`` False, a buffer not tracked yet gets None."""
         address = buffer_address(view)
         if address is None:
             return None
@@ -307,6 +307,8 @@ class PageWriteTracker:
         with self._lock:
             tracked = self._tracked.get(key)
             if tracked is None:
+                if not register:
+                    return None
                 tracked = self._register(address, view.nbytes)
                 if tracked is None:
                     return None

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from replication_harness import Executor
 
+from jupyter_notebookos.replication.serialization import encode_delta
 from jupyter_notebookos.replication.writetrack import METHOD, PageWriteTracker, open_write_tracker
 
 # Above glibc's largest mmap threshold (32 MiB), so each array has pages of its own: a write-tracked array that
@@ -104,6 +105,48 @@ def test_an_unchanged_namespace_gives_an_empty_delta(detector):
     _run(detector, SETUP)
     assert _run(detector, "x = 1").names == {"x"}
     assert _run(detector, "pass").is_empty()
+
+
+def test_a_new_value_mixing_buffer_kinds_is_not_sent_again_by_the_next_cell(detector, replica):
+    """A new value's large buffers are registered (or checksummed) after the reply, not before: its settled
+    fingerprint must be the one the next cell computes, whatever mix of buffers it holds (tracked, read-only and
+    below the tracking size), or the next cell would send it all again."""
+    _run(detector, SETUP)
+    mixed = (
+        f"mixed = {{'tracked': np.ones({N}), 'small': np.arange(1000), 'ro': np.frombuffer(bytes({N}), np.uint8),"
+        " 'tracked2': np.zeros(2 ** 20)}"
+    )
+    assert _run(detector, mixed).why == {"mixed": "new"}
+    replica.apply(detector.records[-1])
+    assert _run(detector, "pass").is_empty()
+    delta = _run(detector, "mixed['tracked2'][5] = 3.0")
+    assert delta.why == {"mixed": "mutated"}
+    replica.apply(detector.records[-1])
+    assert replica.eval("float(mixed['tracked2'][5]) + float(mixed['small'][999])") == 1002.0
+
+
+def test_a_write_to_a_new_array_between_the_reply_and_its_upload_is_published(detector, replica):
+    """In the replica's order: capture before the reply, then (after it) settle() and the upload. The new
+    array's pages are protected (or checksummed) in settle(), so a write before it (a thread the cell started)
+    is in the upload and in the baseline, and a write after it is the next cell's change."""
+    _run(detector, SETUP)
+    replica.apply(detector.records[-1])
+    tracker = detector.tracker
+    code = f"fresh = np.zeros({N})"
+    tracker.before_cell(code)
+    assert detector.shell.run_cell(code, silent=True).success
+    delta = tracker.after_cell()
+    detector.ns["fresh"][123] = 7.0  # after the reply, before settle()
+    tracker.settle()
+    record = encode_delta(delta, detector.store, threshold=detector.threshold, lineage=tracker.lineage)
+    replica.apply(record.to_bytes())
+    assert replica.eval("float(fresh[123])") == 7.0
+    assert _run(detector, "pass").is_empty()  # the write before settle() is not a change of the next cell
+    detector.ns["fresh"][456] = 8.0  # after settle(): the next cell's change
+    delta = _run(detector, "pass")
+    assert delta.why == {"fresh": "mutated"}
+    replica.apply(detector.records[-1])
+    assert replica.eval("float(fresh[123]) + float(fresh[456])") == 15.0
 
 
 def test_write_tracking_follows_an_array_and_its_view_independently():
