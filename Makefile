@@ -2,6 +2,9 @@
 SHELL := /bin/bash
 VENV := .venv
 PYTEST_ARGS ?=
+# Two worker processes, one test file each at a time (a file's module fixtures stay in one worker): most of the
+# suite waits (timeouts, restarts, culling), so two run in 8.5 minutes on 2 cores where one takes 15.
+PYTEST_WORKERS ?= 2
 
 .PHONY: run test bootstrap lint bench clean
 
@@ -15,7 +18,7 @@ test:
 	@scripts/bootstrap.sh --browser
 	$(VENV)/bin/ruff check jupyter_notebookos tests benchmarks
 	$(VENV)/bin/mypy jupyter_notebookos
-	$(VENV)/bin/python -m pytest -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 lint: bootstrap
 	$(VENV)/bin/ruff check jupyter_notebookos tests benchmarks
