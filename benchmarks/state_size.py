@@ -19,7 +19,7 @@ kernel, plain and NotebookOS alike, runs with glibc keeping freed memory (``MALL
 of 1 TB; passed on with EG's ``EG_INHERITED_ENVS``); ``--memory fresh`` leaves glibc's defaults. So does the
 kernel's writeback of what the object store wrote: Linux writes dirty pages back 30 s after they were written,
 which for the 1 GB step landed in the middle of its trivial cells (plain and NotebookOS alike). Each step starts
-after an ``os.sync()``.
+after an ``os.sync()``, and so does the cell after each NotebookOS 100 MB array cell.
 
 Memory: a NotebookOS kernel holds its state three times (executor + two followers) and the object store on
 disk; at 1 GB that is 4 GB of kernels. ``--max-gb 2`` adds a 2 GB step (8 GB of kernels: run it alone).
@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                 own[label].append(float(kernel.last_reply.stdout.strip()))
                 if label == "notebookos":
                     wait_applied(client, kernel.kernel_id, int(kernel.last_reply.notebookos["seq"]), 600)
+                    os.sync()  # its 100 MB in the store go to disk now, not in writeback during a later cell
         for label, kernel in kernels.items():
             pid = int(kernel.conn.execute("print(os.getpid())", 30).stdout.strip())
             huge[label] = anon_huge_kb(pid)
