@@ -227,3 +227,49 @@ def test_a_tampered_checkpoint_is_refused_and_the_kernel_keeps_serving(
         # The kernel goes on from the state its live replicas verified.
         result = conn.execute("value")
         assert result.status == "ok" and result.result_text() == str(last)
+
+
+SPAWN = """
+def _spawn(tag):
+    import subprocess
+    subprocess.Popen(["sleep", tag + "1"])  # a child: in the replica's process group
+    subprocess.Popen(["sleep", tag + "2"], start_new_session=True)  # a daemon: a session of its own
+    subprocess.run(["sh", "-c", f"sleep {tag}3 >/dev/null 2>&1 &"], check=True)  # orphaned at once, in the group
+_spawn(TAG)
+del _spawn
+"""
+
+
+def _sleepers(tag: str) -> set[str]:
+    """Which of the processes a SPAWN cell with ``tag`` started still run ("1", "2", "3")."""
+    found = set()
+    for process in psutil.process_iter(["cmdline", "status"]):
+        cmdline = process.info["cmdline"] or []
+        ours = len(cmdline) == 2 and cmdline[0] == "sleep" and cmdline[1].startswith(tag)
+        if ours and process.info["status"] != psutil.STATUS_ZOMBIE:
+            found.add(cmdline[1][len(tag) :])
+    return found
+
+
+@pytest.mark.skipif(bool(ISOLATION_BLOCKED), reason=f"kernels cannot run as their own users here: {ISOLATION_BLOCKED}")
+def test_processes_a_cell_started_go_with_their_replica_and_daemons_with_the_kernel(platform: Platform) -> None:
+    """A replica that dies takes its process group along (children, orphans); a stopped one its descendants and
+    group; a daemon (a session of its own) lives as long as its kernel, whose own OS user it runs as: when the
+    kernel stops, nothing runs as that user any more (the uid may be another kernel's next)."""
+    client = platform.client
+    kernel_id = client.start_kernel(KERNEL)
+    tags = [f"600.{os.getpid()}{i}{n}" for i, n in enumerate(os.urandom(2))]
+    try:
+        with client.connect(kernel_id) as conn:
+            replicas = client.notebookos_kernel(kernel_id)["replicas"]
+            for tag, replica in zip(tags, replicas, strict=False):
+                run_on_replica(conn, replica["replica_id"], SPAWN.replace("TAG", repr(tag)))
+                wait_for(lambda tag=tag: _sleepers(tag) == {"1", "2", "3"}, 30, "the cell's processes")
+            # The first replica dies: its child and the orphan go when the platform replaces it, the daemon stays.
+            os.kill(replicas[0]["pid"], signal.SIGKILL)
+            wait_for(lambda: _sleepers(tags[0]) == {"2"}, 90, "the dead replica's process group to be stopped")
+            assert _sleepers(tags[1]) == {"1", "2", "3"}  # another replica's are not touched
+            assert conn.execute("1 + 1").result_text() == "2"
+    finally:
+        client.shutdown_kernel(kernel_id)
+    wait_for(lambda: not _sleepers(tags[0]) and not _sleepers(tags[1]), 30, "every process of the kernel to go")

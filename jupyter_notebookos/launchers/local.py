@@ -235,9 +235,25 @@ class LocalLauncher(Launcher):
                 )
 
     def forget_kernel(self, kernel_id: str) -> None:
-        """Remove what this launcher kept for a stopped kernel (its home, its uid record, its logs)."""
+        """Remove what this launcher kept for a stopped kernel (its home, its uid record, its logs).
+
+        A process still running as the kernel's own user (one that left the replica's process group and parent,
+        as a daemon does) is killed first: its uid may be given to another kernel next."""
         import shutil
 
+        uid: int | None = None
+        with contextlib.suppress(OSError, ValueError):  # recorded only where kernels run as their own users
+            uid = int((Path(self.log_dir) / kernel_id / "uid").read_text())
+        if uid is not None and self.kernel_uid_base <= uid < self.kernel_uid_base + self.kernel_uid_count:
+            for process in psutil.process_iter(["uids"]):
+                with contextlib.suppress(psutil.Error):
+                    if uid in (process.info["uids"] or ()):
+                        self.log.warning(
+                            "kernel %s: killing pid %d, still running as the kernel's user after it stopped",
+                            kernel_id,
+                            process.pid,
+                        )
+                        process.kill()
         shutil.rmtree(self.kernel_home(kernel_id), ignore_errors=True)
         shutil.rmtree(Path(self.log_dir) / kernel_id, ignore_errors=True)
 
@@ -396,22 +412,38 @@ class LocalLauncher(Launcher):
         if handle.pid is None:
             return
         child = self._children.pop((handle.kernel_id, handle.replica_id), None)
+        started: list[psutil.Process] = []
         try:
             process = psutil.Process(handle.pid)
             if not self._is_replica(process, handle.kernel_id, handle.replica_id):
                 return  # the pid was reused by something else
-            process.send_signal(signal.SIGKILL if now else signal.SIGTERM)
+            # What its cells started goes with it: a background job must not outlive its kernel (nor hold a GPU).
+            started = _started_by(process)
+            for target in (process, *started):
+                with contextlib.suppress(psutil.Error):
+                    target.send_signal(signal.SIGKILL if now else signal.SIGTERM)
             try:
                 process.wait(0 if now else self.stop_timeout)
             except psutil.TimeoutExpired:
                 process.kill()
                 process.wait(self.stop_timeout)
         except psutil.NoSuchProcess:
-            pass
+            # It died (a crash, SIGKILL): what its cells started may live on in its process group. While any
+            # member lives, Linux gives nobody that group's id as a pid, so the group is still the replica's.
+            if not psutil.pid_exists(handle.pid):
+                started = _group_members(handle.pid)
+                for target in started:
+                    with contextlib.suppress(psutil.Error):
+                        target.send_signal(signal.SIGKILL if now else signal.SIGTERM)
         except psutil.TimeoutExpired:
             self.log.warning(
                 "replica %s of kernel %s (pid %d) did not exit", handle.replica_id, handle.kernel_id, handle.pid
             )
+        if started:
+            _, alive = psutil.wait_procs(started, timeout=0 if now else 1)
+            for leftover in alive:
+                with contextlib.suppress(psutil.Error):
+                    leftover.kill()
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(0.1)
@@ -454,6 +486,26 @@ class LocalLauncher(Launcher):
             return int(record["pid"]) == process.pid and abs(float(record["created"]) - process.create_time()) < 0.01
         except (OSError, ValueError, KeyError, psutil.Error):
             return False
+
+
+def _started_by(replica: psutil.Process) -> list[psutil.Process]:
+    """What a replica's cells started: its descendants, and the rest of its process group (a replica leads its
+    own session and group; a process whose parent exited stays in the group)."""
+    found: dict[int, psutil.Process] = {}
+    with contextlib.suppress(psutil.Error):
+        found.update((p.pid, p) for p in replica.children(recursive=True))
+    found.update((p.pid, p) for p in _group_members(replica.pid) if p.pid != replica.pid and p.pid not in found)
+    return list(found.values())
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    """The processes of process group ``pgid``."""
+    members = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(process.pid) == pgid:
+                members.append(process)
+    return members
 
 
 def _last_line(path: Path, limit: int = 4096) -> str:
