@@ -200,15 +200,21 @@ class ReplicaAgent:
         self._tasks.append(loop.create_task(self._report_applied_loop(), name="applied reporter"))
 
     def keep_lease_from_helper(self) -> None:
-        """Have a lease keeper (:mod:`.keepalive`) renew the lease too, from now on (idempotent).
+        """Have a lease keeper (:mod:`.keepalive`) renew the lease too, from now on (idempotent; a keeper that
+        exited is started again).
 
         Called by the main thread when the replica first runs a cell, not at its start: a kernel's start pays
         nothing for it, and replicas that only follow the log do not hold the GIL for seconds. It starts here, not
         on the coordination thread, which could not run while the cell holds the GIL; the helper dies with the
         main thread, that is with the process."""
         lease = self.lease
-        if self._keeper is not None or lease is None or self._stopping:
+        if lease is None or self._stopping:
             return
+        if self._keeper is not None:
+            if self._keeper.alive():
+                return
+            log.warning("the lease keeper exited (killed?); starting it again")
+            self._keeper.stop()  # (reaps it)
         self._keeper = LeaseKeeper.start(lease.id)
         now = self.lease
         if self._keeper is not None and now is not None and now is not lease:

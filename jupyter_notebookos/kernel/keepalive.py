@@ -16,6 +16,8 @@ lease is gone.
     python -m jupyter_notebookos.kernel.keepalive REPLICA_PID    (environment: the replica's own, see ReplicaSettings)
 
 It dies with the replica process (``PR_SET_PDEATHSIG``), and also stops when its stdin closes or it is orphaned.
+It runs in a process group of its own and ignores SIGINT: interrupting a cell (ipykernel signals the replica's
+process group) must not stop it. A helper that exited anyway is started again at the replica's next cell.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ class LeaseKeeper:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 close_fds=True,
+                # Not in the replica's process group: an interrupt (ipykernel signals the whole group) is the
+                # cell's, not the helper's. It killed the helper, and a cell holding the GIL then ended the lease.
+                process_group=0,
             )
         except OSError as exc:
             log.warning("the lease keeper did not start (%s): a cell holding the GIL past the lease's TTL ends it", exc)
@@ -63,6 +68,10 @@ class LeaseKeeper:
         keeper = cls(proc)
         keeper.follow(lease_id)
         return keeper
+
+    def alive(self) -> bool:
+        """Whether the helper still runs."""
+        return self._proc.poll() is None
 
     def follow(self, lease_id: int) -> None:
         """Renew lease ``lease_id`` from now on (the replica registered again with it)."""
@@ -144,6 +153,7 @@ def _die_with(parent: int) -> bool:
 
 
 def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the replica stops it by closing the pipe, or it dies with it
     logging.basicConfig(level=logging.WARNING, format="[keepalive %(levelname)s] %(message)s")
     if len(sys.argv) != 2 or not _die_with(int(sys.argv[1])):
         return 0  # started by hand, or the replica is gone already

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 from replica_harness import REPO, Replica, ReplicaFactory
 from support import wait_for
@@ -279,6 +281,55 @@ def test_a_cell_holding_the_gil_past_the_lease_ttl_keeps_its_replica_registered(
     assert r1.execute("print(x)").stdout == "after the GIL came back\n"
     assert replicas.etcd.get(key) is not None
     assert "etcd lease" not in r0.log(), r0.log()
+
+
+def test_an_interrupted_cell_leaves_the_lease_keeper_running(replicas: ReplicaFactory) -> None:
+    """ipykernel interrupts a cell by signalling the replica's whole process group: the lease keeper is not in it,
+    so a later cell that holds the GIL past the lease's TTL still keeps its replica registered."""
+    r0 = replicas.start("r0")
+    fence = replicas.elect("r0")
+    client = r0.connect()
+    msg = client.session.msg(
+        "execute_request",
+        {"code": "import time\ntime.sleep(30)", "silent": False},
+        metadata={p.METADATA_KEY: CellDirective(seq=1, fence=fence).to_dict()},
+    )
+    client.shell_channel.send(msg)
+
+    def keepers() -> list[psutil.Process]:
+        found = []
+        for child in psutil.Process(r0.proc.pid).children():
+            with contextlib.suppress(psutil.ZombieProcess):
+                if "jupyter_notebookos.kernel.keepalive" in " ".join(child.cmdline()):
+                    found.append(child)
+        return found
+
+    keeper = wait_for(keepers, 10, "the lease keeper to start")[0]
+    client.control_channel.send(client.session.msg("interrupt_request", {}))
+    reply = client.get_shell_msg(timeout=10)
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    time.sleep(0.5)
+    assert keeper.is_running() and keepers() == [keeper], "the interrupt stopped the lease keeper"
+    key = replicas.keys.replica(replicas.kernel_id, "r0")
+    holds = 3 * 2  # three lease TTLs (the harness's replicas take 2 s leases)
+    with ThreadPoolExecutor(1) as pool:
+        code = f"import ctypes\nctypes.PyDLL(None).sleep({holds})"
+        running = pool.submit(r0.execute, code, CellDirective(seq=2, fence=fence), holds + 30)
+        while not running.done():
+            assert replicas.etcd.get(key) is not None, "r0's lease ended while its cell held the GIL"
+            time.sleep(0.2)
+        assert running.result().status == "ok"
+    # A keeper that died anyway (killed) is started again by the replica's next cell (once it is reaped: a
+    # process whose threads still exit shows as a zombie before the replica can reap it).
+    keeper.kill()
+    again: list[psutil.Process] = []
+    for seq in range(3, 13):
+        assert r0.execute("pass", CellDirective(seq=seq, fence=fence)).status == "ok"
+        again = [k for k in keepers() if k != keeper]
+        if again:
+            break
+        time.sleep(0.2)
+    assert again, "no lease keeper was started again"
 
 
 def test_unpicklable_variable_warns_once_and_cell_succeeds(replicas: ReplicaFactory) -> None:
