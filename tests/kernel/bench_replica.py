@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))  # support.py, which replica_harness imports
 
 from jupyter_client.blocking.client import BlockingKernelClient
 from replica_harness import Replica, ReplicaFactory
