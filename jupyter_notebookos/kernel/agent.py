@@ -396,6 +396,7 @@ class ReplicaAgent:
         last = records[-1].seq
         pause = 0.2
         term = [election.fence(executor_key, fence)]
+        term_ended = False  # whether the executor term ended with our lease (and `term` says so)
         while True:
             lease = self.lease
             try:
@@ -418,7 +419,7 @@ class ReplicaAgent:
                 if isinstance(exc, LeaseLost):
                     await self._lease_other_than(lease)
                 continue
-            if result.succeeded or len(term) > 1:
+            if result.succeeded or term_ended:
                 break
             if result.results[0].items or any(r.items for r in result.results[1:]):
                 break
@@ -432,6 +433,7 @@ class ReplicaAgent:
                 last,
             )
             term = [Compare.absent(executor_key), Compare.present(self.keys.replica(self.kid, self.rid))]
+            term_ended = True
         if result.succeeded:
             self._applied_reported = max(self._applied_reported, last)
             return [PublishOutcome(r.seq, True) for r in records]
