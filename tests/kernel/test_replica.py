@@ -11,6 +11,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -283,18 +284,22 @@ def test_a_cell_holding_the_gil_past_the_lease_ttl_keeps_its_replica_registered(
     assert "etcd lease" not in r0.log(), r0.log()
 
 
+def _start_directed(replica: Replica, code: str, directive: CellDirective) -> Any:
+    """Send a directed cell to ``replica`` without waiting for it; returns the client it was sent with."""
+    client = replica.connect()
+    msg = client.session.msg(
+        "execute_request", {"code": code, "silent": False}, metadata={p.METADATA_KEY: directive.to_dict()}
+    )
+    client.shell_channel.send(msg)
+    return client
+
+
 def test_an_interrupted_cell_leaves_the_lease_keeper_running(replicas: ReplicaFactory) -> None:
     """ipykernel interrupts a cell by signalling the replica's whole process group: the lease keeper is not in it,
     so a later cell that holds the GIL past the lease's TTL still keeps its replica registered."""
     r0 = replicas.start("r0")
     fence = replicas.elect("r0")
-    client = r0.connect()
-    msg = client.session.msg(
-        "execute_request",
-        {"code": "import time\ntime.sleep(30)", "silent": False},
-        metadata={p.METADATA_KEY: CellDirective(seq=1, fence=fence).to_dict()},
-    )
-    client.shell_channel.send(msg)
+    client = _start_directed(r0, "import time\ntime.sleep(30)", CellDirective(seq=1, fence=fence))
 
     def keepers() -> list[psutil.Process]:
         found = []
@@ -351,13 +356,7 @@ def test_unpicklable_variable_warns_once_and_cell_succeeds(replicas: ReplicaFact
 def test_interrupt_reaches_user_code_and_the_cell_still_publishes(replicas: ReplicaFactory) -> None:
     r0 = replicas.start("r0")
     fence = replicas.elect("r0")
-    client = r0.connect()
-    msg = client.session.msg(
-        "execute_request",
-        {"code": "import time\nstarted = 1\ntime.sleep(30)", "silent": False},
-        metadata={p.METADATA_KEY: CellDirective(seq=1, fence=fence).to_dict()},
-    )
-    client.shell_channel.send(msg)
+    client = _start_directed(r0, "import time\nstarted = 1\ntime.sleep(30)", CellDirective(seq=1, fence=fence))
     time.sleep(0.5)
     interrupt = client.session.msg("interrupt_request", {})
     client.control_channel.send(interrupt)
