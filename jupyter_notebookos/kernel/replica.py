@@ -80,6 +80,26 @@ def _sigint_deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+@contextlib.contextmanager
+def _sigint_noted() -> Iterator[Callable[[], bool]]:
+    """Note SIGINT instead of raising it; yields a function that says whether one came."""
+    noted = False
+
+    def note(signum: int, frame: Any) -> None:
+        nonlocal noted
+        noted = True
+
+    try:
+        previous = signal.signal(signal.SIGINT, note)
+    except ValueError:  # not the main thread
+        yield lambda: False
+        return
+    try:
+        yield lambda: noted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _log_failure(what: str) -> Any:
     def check(future: concurrent.futures.Future[Any]) -> None:
         exc = future.exception()
@@ -337,17 +357,25 @@ class ReplicaKernel(IPythonKernel):
 
     async def execute_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         """Run a cell; for a directed cell, publish its state record after the reply."""
-        await self._quiesce()
-        try:
-            directive = self.directive_of(parent)
-        except ValueError as exc:
-            self._reply_error(stream, ident, parent, "NotebookOSDirectiveError", str(exc))
+        # Before the cell's code runs it may wait (the last cell's upload, records to apply): seconds with GBs. An
+        # interrupt meanwhile is noted, not raised: ipykernel's handler raises it wherever the main thread is, here
+        # the event loop, and that ended the replica. The cell is then answered as interrupted, without running.
+        with _sigint_noted() as interrupted:
+            await self._quiesce()
+            try:
+                directive = self.directive_of(parent)
+            except ValueError as exc:
+                self._reply_error(stream, ident, parent, "NotebookOSDirectiveError", str(exc))
+                return
+            caught_up = directive is None or await self._catch_up(directive.seq - 1)
+        msg_id = parent["header"]["msg_id"]
+        if caught_up and interrupted():
+            self._reply_interrupted(stream, ident, parent, None if directive is None else _Cell(directive, msg_id))
             return
         if directive is None:
             await super().execute_request(stream, ident, parent)
             return
-        msg_id = parent["header"]["msg_id"]
-        if not await self._catch_up(directive.seq - 1):
+        if not caught_up:
             self._reply_error(
                 stream,
                 ident,
@@ -534,7 +562,22 @@ class ReplicaKernel(IPythonKernel):
     def _reply_error(self, stream: Any, ident: Any, parent: dict[str, Any], ename: str, evalue: str) -> None:
         content = {"status": "error", "ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
         assert self.session is not None
-        self.session.send(stream, "execute_reply", content, parent, metadata=self._reply_metadata(None), ident=ident)
+        self.session.send(
+            stream, "execute_reply", content, parent, metadata={METADATA_KEY: self._reply_metadata(None)}, ident=ident
+        )
+
+    def _reply_interrupted(self, stream: Any, ident: Any, parent: dict[str, Any], cell: _Cell | None) -> None:
+        """Answer a cell interrupted before its code ran (a directed one still publishes its empty record)."""
+        evalue = "interrupted before the cell began; nothing ran"
+        content = {"ename": "KeyboardInterrupt", "evalue": evalue, "traceback": [f"KeyboardInterrupt: {evalue}"]}
+        assert self.session is not None
+        self.session.send(self.iopub_socket, "error", content, parent, ident=self._topic("error"))
+        reply = {"status": "error", "execution_count": self.execution_count, **content}
+        self.session.send(
+            stream, "execute_reply", reply, parent, metadata={METADATA_KEY: self._reply_metadata(cell)}, ident=ident
+        )
+        if cell is not None:
+            self._start_publication(cell.directive, cell.msg_id, serialize_delta(None, 0))
 
     def _send_abort_reply(self, stream: Any, msg: dict[str, Any], idents: Any) -> None:
         """An aborted directed cell (an earlier cell failed) still publishes its (empty) record."""
