@@ -578,6 +578,9 @@ class ReplicaKernel(IPythonKernel):
         )
         if cell is not None:
             self._start_publication(cell.directive, cell.msg_id, serialize_delta(None, 0))
+        content_in = parent.get("content") or {}
+        if not content_in.get("silent", False) and content_in.get("stop_on_error", True):
+            self._abort_queues()  # as ipykernel does after a failed cell: "Run All" stops here
 
     def _send_abort_reply(self, stream: Any, msg: dict[str, Any], idents: Any) -> None:
         """An aborted directed cell (an earlier cell failed) still publishes its (empty) record."""
