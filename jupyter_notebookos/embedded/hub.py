@@ -24,6 +24,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jupyter_notebookos.embedded.ports import free_port
+
 #: JupyterHub's user names are normalised to lower case; keep them plain so they are also fine in paths.
 USER_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 ENV_HUB_PYTHON = "NOTEBOOKOS_HUB_PYTHON"
@@ -77,14 +79,6 @@ def proxy_command() -> Path | None:
     return Path(found) if found else None
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _write_private(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -103,8 +97,8 @@ class EmbeddedHub:
     gateway_url: str
     lab_python: Path
     cull_idle_servers: float = 0.0  # seconds; 0: jupyterhub-idle-culler is not started
-    api_port: int = field(default_factory=_free_port)
-    proxy_api_port: int = field(default_factory=_free_port)
+    api_port: int = field(default_factory=free_port)
+    proxy_api_port: int = field(default_factory=free_port)
     passwords: dict[str, str] = field(default_factory=dict)
 
     @property

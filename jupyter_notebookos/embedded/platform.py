@@ -29,6 +29,7 @@ from rich.console import Console
 
 from jupyter_notebookos.embedded.etcd import EtcdCluster, EtcdClusterError
 from jupyter_notebookos.embedded.hub import ENV_HUB_STATE_DIR, EmbeddedHub, HubSetupError
+from jupyter_notebookos.embedded.ports import free_port
 from jupyter_notebookos.launchers.hostnet import HostNetwork, HostNetworkError
 
 RUNTIME_FILE = "runtime.json"
@@ -81,13 +82,6 @@ def port_in_use(port: int) -> bool:
         except OSError:
             return True
     return False
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_http(url: str, *, process: subprocess.Popen[bytes], timeout: float, log: Path) -> None:

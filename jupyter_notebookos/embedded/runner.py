@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,15 +20,9 @@ import psutil
 from jupyter_notebookos.client import GatewayClient
 from jupyter_notebookos.coordination.client import EtcdCredentials
 from jupyter_notebookos.embedded.platform import RUNTIME_FILE
+from jupyter_notebookos.embedded.ports import free_port
 
 NOTEBOOKOS = [sys.executable, "-m", "jupyter_notebookos.cli"]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def processes_of(state_dir: Path) -> list[psutil.Process]:

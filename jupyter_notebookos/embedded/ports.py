@@ -1,0 +1,74 @@
+"""Free TCP ports for the embedded platform's listeners (gateway, JupyterLab, JupyterHub, etcd).
+
+A port found free by binding port 0 comes from the kernel's ephemeral range, and the kernel hands it out again to
+the next process that binds port 0 (a ZMQ ``tcp://...:*`` socket of a replica, an outgoing connection) before the
+service it was picked for has bound it. That happened with two test workers side by side: the gateway's port was
+taken by another platform's ZMQ socket while the gateway imported, and the platform failed to start. So ports are
+drawn at random below the ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``), where binding port 0 never
+lands, and checked free. Where that leaves too little room, they come from port 0 as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+
+LOOPBACK = "127.0.0.1"
+LOWEST = 15000  # below: well-known and registered services cluster there
+_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+_ATTEMPTS = 200
+
+
+def _ephemeral_start() -> int:
+    with contextlib.suppress(OSError, ValueError, IndexError), open(_RANGE_FILE) as ranges:
+        return int(ranges.read().split()[0])
+    return 32768  # Linux's default
+
+
+def _is_free(port: int, host: str) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # The services listen with SO_REUSEADDR (tornado, etcd): a port in TIME_WAIT is free for them too.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _from_port_zero(count: int, host: str) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):  # all bound at once, so they are distinct
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """``count`` distinct TCP ports on ``host`` that nothing is bound to right now."""
+    top = _ephemeral_start() - 1
+    if top - LOWEST < 1000:
+        return _from_port_zero(count, host)
+    draw = random.SystemRandom()
+    picked: list[int] = []
+    for _ in range(_ATTEMPTS):
+        if len(picked) == count:
+            return picked
+        port = draw.randint(LOWEST, top)
+        if port not in picked and _is_free(port, host):
+            picked.append(port)
+    return picked + _from_port_zero(count - len(picked), host)
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port on ``host`` that nothing is bound to right now."""
+    return free_ports(1, host)[0]
+
+
+__all__ = ["free_port", "free_ports"]
