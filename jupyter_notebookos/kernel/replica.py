@@ -67,22 +67,10 @@ CHECKPOINT_RETRY_MAX_S = 120.0
 
 
 @contextlib.contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Ignore SIGINT while the finished cell's delta is captured: an interrupt must not lose its record."""
-    try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-@contextlib.contextmanager
 def _sigint_noted() -> Iterator[Callable[[], bool]]:
-    """Note SIGINT instead of raising it; yields a function that says whether one came."""
+    """Note SIGINT instead of raising it; yields a function that says whether one came.
+
+    Around the capture of a finished cell's delta it only keeps an interrupt from losing the cell's record."""
     noted = False
 
     def note(signum: int, frame: Any) -> None:
@@ -637,7 +625,7 @@ class ReplicaKernel(IPythonKernel):
                 cell_id=cell_id,
             )
         finally:
-            with _sigint_deferred():
+            with _sigint_noted():  # an interrupt must not lose the record
                 captured = time.perf_counter()
                 messages = self.gpus.release(ns).warnings
                 try:

@@ -186,9 +186,10 @@ class LocalLauncher(Launcher):
 
     def kernel_uid(self, kernel_id: str) -> int:
         """The uid of a kernel's replicas: recorded beside its pid files, else a free one chosen now."""
+        recorded = self._recorded_uid(kernel_id)
+        if recorded is not None:
+            return recorded
         record = Path(self.log_dir) / kernel_id / "uid"
-        with contextlib.suppress(OSError, ValueError):
-            return int(record.read_text())
         taken = set()
         for other in Path(self.log_dir).glob("*/uid"):
             with contextlib.suppress(OSError, ValueError):
@@ -203,6 +204,12 @@ class LocalLauncher(Launcher):
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(str(uid))
         return uid
+
+    def _recorded_uid(self, kernel_id: str) -> int | None:
+        """The uid recorded for the kernel (only where kernels run as their own users), else None."""
+        with contextlib.suppress(OSError, ValueError):
+            return int((Path(self.log_dir) / kernel_id / "uid").read_text())
+        return None
 
     def kernel_home(self, kernel_id: str) -> Path:
         """The private home directory of a kernel's replicas (when they run as its own user)."""
@@ -241,9 +248,7 @@ class LocalLauncher(Launcher):
         as a daemon does) is killed first: its uid may be given to another kernel next."""
         import shutil
 
-        uid: int | None = None
-        with contextlib.suppress(OSError, ValueError):  # recorded only where kernels run as their own users
-            uid = int((Path(self.log_dir) / kernel_id / "uid").read_text())
+        uid = self._recorded_uid(kernel_id)
         if uid is not None and self.kernel_uid_base <= uid < self.kernel_uid_base + self.kernel_uid_count:
             for process in psutil.process_iter(["uids"]):
                 with contextlib.suppress(psutil.Error):
@@ -419,9 +424,7 @@ class LocalLauncher(Launcher):
                 return  # the pid was reused by something else
             # What its cells started goes with it: a background job must not outlive its kernel (nor hold a GPU).
             started = _started_by(process)
-            for target in (process, *started):
-                with contextlib.suppress(psutil.Error):
-                    target.send_signal(signal.SIGKILL if now else signal.SIGTERM)
+            _signal([process, *started], signal.SIGKILL if now else signal.SIGTERM)
             try:
                 process.wait(0 if now else self.stop_timeout)
             except psutil.TimeoutExpired:
@@ -432,18 +435,14 @@ class LocalLauncher(Launcher):
             # member lives, Linux gives nobody that group's id as a pid, so the group is still the replica's.
             if not psutil.pid_exists(handle.pid):
                 started = _group_members(handle.pid)
-                for target in started:
-                    with contextlib.suppress(psutil.Error):
-                        target.send_signal(signal.SIGKILL if now else signal.SIGTERM)
+                _signal(started, signal.SIGKILL if now else signal.SIGTERM)
         except psutil.TimeoutExpired:
             self.log.warning(
                 "replica %s of kernel %s (pid %d) did not exit", handle.replica_id, handle.kernel_id, handle.pid
             )
         if started:
             _, alive = psutil.wait_procs(started, timeout=0 if now else 1)
-            for leftover in alive:
-                with contextlib.suppress(psutil.Error):
-                    leftover.kill()
+            _signal(alive, signal.SIGKILL)
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(0.1)
@@ -486,6 +485,12 @@ class LocalLauncher(Launcher):
             return int(record["pid"]) == process.pid and abs(float(record["created"]) - process.create_time()) < 0.01
         except (OSError, ValueError, KeyError, psutil.Error):
             return False
+
+
+def _signal(processes: list[psutil.Process], sig: int) -> None:
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(sig)
 
 
 def _started_by(replica: psutil.Process) -> list[psutil.Process]:
