@@ -221,6 +221,10 @@ def test_malformed_and_oversized_websocket_messages_leave_the_kernel_working(
     conn.ws.send("this is not json")
     conn.ws.send(json.dumps({"channel": "shell", "content": {}}))  # no header
     conn.ws.send(json.dumps({"channel": "nonsense", "header": {"msg_type": "x", "msg_id": "1"}}))
+    conn.ws.send(json.dumps({"channel": "shell", "header": "not an object", "content": {}}))
+    conn.ws.send("[1, 2]")
+    # Each was logged and ignored: the same connection still runs cells.
+    assert conn.execute("'still here'").result_text() == "'still here'"
     try:
         conn.ws.send("x" * (32 << 20))  # beyond the websocket's message limit: the gateway drops the socket
         conn.receive(5)

@@ -1,6 +1,6 @@
 """The gateway's kernel channels websocket: Enterprise Gateway's handler, made fast and reconnect-safe.
 
-Two faults of the stock handler (EG 3.3 on jupyter_server 1.24) are fixed here.
+Three faults of the stock handler (EG 3.3 on jupyter_server 1.24) are fixed here.
 
 **No TCP_NODELAY.** Kernel messages are small websocket frames; without TCP_NODELAY the kernel's reply waits
 behind Nagle's algorithm and the client's delayed ACK. A trivial cell takes about 48 ms instead of about
@@ -53,6 +53,12 @@ one sends messages; kernel output goes to the connection that opened last until 
 is triggered by the Jupyter server's gateway client, which we do not control (users bring their own
 Lab/Notebook), so the gateway must tolerate it.
 
+**A malformed message drops the connection.** The stock ``on_message`` parses what the client sent and lets any
+error escape (text that is not JSON, a message without a header, a header that is not an object); tornado then
+logs it and aborts the websocket, and with it whatever output was on its way to that client. Here such a message
+is logged and ignored, and the connection goes on. (A message over the websocket's size limit still ends the
+connection: tornado closes it with code 1009 before any handler sees it.)
+
 `handler_overrides()` lists the URL patterns this module serves, for the gateway app to install in place of
 EG's own handler (see `install_overrides`).
 """
@@ -60,6 +66,7 @@ EG's own handler (see `install_overrides`).
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any, ClassVar
 
 from enterprise_gateway.services.kernels.handlers import ZMQChannelsHandler
@@ -161,7 +168,16 @@ class KernelChannelsHandler(ZMQChannelsHandler):
             for other in self._standby.pop(self.session_key, []):
                 if other is not self:
                     other.close()  # abandoned: it waits for a close frame its peer never sends (tornado: 5 s)
-        super().on_message(ws_msg)
+        try:
+            super().on_message(ws_msg)
+        except Exception as exc:  # what the client sent does not parse as a kernel message
+            self.log.warning(
+                "Ignored a malformed message from a client of kernel %s (%s: %s)",
+                self.kernel_id,
+                type(exc).__name__,
+                exc,
+                exc_info=self.log.isEnabledFor(logging.DEBUG),
+            )
 
     def _claim(self) -> None:
         holder = self._open_sessions.get(self.session_key)

@@ -233,8 +233,11 @@ def test_new_replica_restores_from_checkpoint_and_log(replicas: ReplicaFactory) 
     time.sleep(0.2)  # a checkpoint at 5 may follow one at 3
     pointer = p.CheckpointPointer.from_json(replicas.etcd.get(key).value)
     assert pointer.seq in (4, 5) and pointer.replica_id == "r0"
-    # Records every registered replica applied are deleted with the checkpoint; later ones stay.
-    assert log_keys(replicas) == list(range(pointer.seq + 1, 6))
+    # Records every registered replica had reported applied are deleted with the checkpoint; later ones stay.
+    # (r0's applied key is put in the background, so it may have read one or two records behind.)
+    kept = log_keys(replicas)
+    first_kept = kept[0] if kept else 6
+    assert kept == list(range(first_kept, 6)) and p.FIRST_SEQ < first_kept <= pointer.seq + 1, (kept, pointer.seq)
 
     r2 = replicas.start("r2", every)
     assert r2.registration is not None and r2.registration.applied_seq == 5
