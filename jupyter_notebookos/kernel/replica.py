@@ -67,8 +67,8 @@ CHECKPOINT_RETRY_MAX_S = 120.0
 
 
 @contextlib.contextmanager
-def _sigint_noted() -> Iterator[Callable[[], bool]]:
-    """Note SIGINT instead of raising it; yields a function that says whether one came.
+def _sigint_noted(then: Callable[[], Any] | None = None) -> Iterator[Callable[[], bool]]:
+    """Note SIGINT instead of raising it (and call ``then``, if given); yields a function that says whether one came.
 
     Around the capture of a finished cell's delta it only keeps an interrupt from losing the cell's record."""
     noted = False
@@ -76,6 +76,8 @@ def _sigint_noted() -> Iterator[Callable[[], bool]]:
     def note(signum: int, frame: Any) -> None:
         nonlocal noted
         noted = True
+        if then is not None:
+            then()
 
     try:
         previous = signal.signal(signal.SIGINT, note)
@@ -345,20 +347,50 @@ class ReplicaKernel(IPythonKernel):
 
     async def execute_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         """Run a cell; for a directed cell, publish its state record after the reply."""
+        try:
+            directive = self.directive_of(parent)
+        except ValueError as exc:
+            await self._quiesce()
+            self._reply_error(stream, ident, parent, "NotebookOSDirectiveError", str(exc))
+            return
+        msg_id = parent["header"]["msg_id"]
+        cell = None if directive is None else _Cell(directive, msg_id)
         # Before the cell's code runs it may wait (the last cell's upload, records to apply): seconds with GBs. An
         # interrupt meanwhile is noted, not raised: ipykernel's handler raises it wherever the main thread is, here
-        # the event loop, and that ended the replica. The cell is then answered as interrupted, without running.
-        with _sigint_noted() as interrupted:
-            await self._quiesce()
-            try:
-                directive = self.directive_of(parent)
-            except ValueError as exc:
-                self._reply_error(stream, ident, parent, "NotebookOSDirectiveError", str(exc))
-                return
-            caught_up = directive is None or await self._catch_up(directive.seq - 1)
-        msg_id = parent["header"]["msg_id"]
+        # the event loop, and that ended the replica. The cell is answered as interrupted at once, and runs not at
+        # all; its (empty) record still waits for what the cell waited for, so that records keep their order.
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+        answered = False
+        with _sigint_noted(lambda: loop.call_soon_threadsafe(woken.set)) as interrupted:
+            uploading = self._uploading
+            if (uploading is None or uploading.done()) and (directive is None or self.applied >= directive.seq - 1):
+                caught_up = await self._ready_to_run(directive)  # the common case: nothing to wait for
+            else:
+                ready = loop.create_task(self._ready_to_run(directive))
+                signalled = loop.create_task(woken.wait())
+                await asyncio.wait({ready, signalled}, return_when=asyncio.FIRST_COMPLETED)
+                signalled.cancel()
+                if interrupted() and not ready.done():
+                    self._reply_interrupted(stream, ident, parent, cell)
+                    answered = True
+                caught_up = await ready
+        if answered:
+            if cell is not None and caught_up:
+                self._start_publication(cell.directive, msg_id, serialize_delta(None, 0))
+            elif cell is not None:
+                log.warning(
+                    "cell %s (record %d), answered as interrupted, has no record: records before it did not arrive "
+                    "within %.0f s",
+                    msg_id,
+                    cell.directive.seq,
+                    CATCH_UP_TIMEOUT,
+                )
+            return
         if caught_up and interrupted():
-            self._reply_interrupted(stream, ident, parent, None if directive is None else _Cell(directive, msg_id))
+            self._reply_interrupted(stream, ident, parent, cell)
+            if cell is not None:
+                self._start_publication(cell.directive, msg_id, serialize_delta(None, 0))
             return
         if directive is None:
             await super().execute_request(stream, ident, parent)
@@ -374,7 +406,8 @@ class ReplicaKernel(IPythonKernel):
                 f"{CATCH_UP_TIMEOUT:.0f} s. Nothing ran.",
             )
             return
-        self._cell = _Cell(directive, msg_id)
+        assert cell is not None
+        self._cell = cell
         self.agent.keep_lease_from_helper()  # this replica runs user code: a GIL hold must not end its lease
         try:
             await super().execute_request(stream, ident, parent)
@@ -382,6 +415,12 @@ class ReplicaKernel(IPythonKernel):
             cell, self._cell = self._cell, None
             pending = cell.pending if cell.pending is not None else serialize_delta(None, 0)
             self._start_publication(cell.directive, msg_id, pending)
+
+    async def _ready_to_run(self, directive: CellDirective | None) -> bool:
+        """Wait until a cell may run: the namespace may change and, for a directed cell, every earlier record is
+        applied; False if those records do not arrive in time."""
+        await self._quiesce()
+        return directive is None or await self._catch_up(directive.seq - 1)
 
     def _start_publication(self, directive: CellDirective, msg_id: str, pending: PendingDelta) -> None:
         """Upload and publish record ``directive.seq`` in the background.
@@ -555,7 +594,7 @@ class ReplicaKernel(IPythonKernel):
         )
 
     def _reply_interrupted(self, stream: Any, ident: Any, parent: dict[str, Any], cell: _Cell | None) -> None:
-        """Answer a cell interrupted before its code ran (a directed one still publishes its empty record)."""
+        """Answer a cell interrupted before its code ran (the caller publishes a directed one's empty record)."""
         evalue = "interrupted before the cell began; nothing ran"
         content = {"ename": "KeyboardInterrupt", "evalue": evalue, "traceback": [f"KeyboardInterrupt: {evalue}"]}
         assert self.session is not None
@@ -564,8 +603,6 @@ class ReplicaKernel(IPythonKernel):
         self.session.send(
             stream, "execute_reply", reply, parent, metadata={METADATA_KEY: self._reply_metadata(cell)}, ident=ident
         )
-        if cell is not None:
-            self._start_publication(cell.directive, cell.msg_id, serialize_delta(None, 0))
         content_in = parent.get("content") or {}
         if not content_in.get("silent", False) and content_in.get("stop_on_error", True):
             self._abort_queues()  # as ipykernel does after a failed cell: "Run All" stops here

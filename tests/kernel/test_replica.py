@@ -371,20 +371,22 @@ def test_interrupt_reaches_user_code_and_the_cell_still_publishes(replicas: Repl
 def test_an_interrupt_while_the_cell_waits_to_run_answers_it_and_the_replica_lives(replicas: ReplicaFactory) -> None:
     """A cell can wait before its code runs (the last cell's upload, records to apply first: seconds with GBs). An
     interrupt then used to raise in the replica's event loop and end the replica; now the cell is answered as
-    interrupted, nothing runs, its (empty) record is published and the replica serves the next cell."""
+    interrupted at once, nothing runs, its (empty) record is published after the record it waited for, and the
+    replica serves the next cell."""
     r0 = replicas.start("r0")
     fence = replicas.elect("r0")
     # Record 1 is not in the log yet: the cell (record 2) waits for it.
     client = _start_directed(r0, "ran = True", CellDirective(seq=2, fence=fence))
     time.sleep(1.0)
     client.control_channel.send(client.session.msg("interrupt_request", {}))
-    time.sleep(0.5)
-    lost = p.LogRecord(seq=1, kind="lost", msg_id="", replica_id="r9")
-    replicas.etcd.run(replicas.etcd.co.put(replicas.keys.log_record(replicas.kernel_id, 1), lost.to_json()))
-    reply = client.get_shell_msg(timeout=20)
+    reply = client.get_shell_msg(timeout=10)  # while the cell still waits (CATCH_UP_TIMEOUT is far longer)
     assert reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
     assert "nothing ran" in reply["content"]["evalue"]
     assert reply["metadata"].get(p.METADATA_KEY, {}).get("seq") == 2, (reply["metadata"], reply["content"])
+    time.sleep(0.5)
+    assert log_keys(replicas) == [], "record 2 went out before record 1"
+    lost = p.LogRecord(seq=1, kind="lost", msg_id="", replica_id="r9")
+    replicas.etcd.run(replicas.etcd.co.put(replicas.keys.log_record(replicas.kernel_id, 1), lost.to_json()))
     record = replicas.wait_record(2)
     assert record.names == [] and record.replica_id == "r0"
     assert r0.proc.poll() is None, r0.log()
