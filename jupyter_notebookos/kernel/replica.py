@@ -350,7 +350,8 @@ class ReplicaKernel(IPythonKernel):
         try:
             directive = self.directive_of(parent)
         except ValueError as exc:
-            await self._quiesce()
+            with _sigint_noted():  # (see below)
+                await self._quiesce()
             self._reply_error(stream, ident, parent, "NotebookOSDirectiveError", str(exc))
             return
         msg_id = parent["header"]["msg_id"]
