@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,23 @@ import pytest
 from support import Platform, kernel_of, platform_running
 
 from jupyter_notebookos.client import GatewayClient
+from jupyter_notebookos.embedded import ports
+
+
+def _own_port_range() -> None:
+    """Give this pytest-xdist worker a share of the ports platforms are started on, so that a port one worker
+    picked and has not bound yet is never picked by the other (the platforms it starts inherit the range)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or ports.ENV_RANGE in os.environ:
+        return
+    low, high = ports.pick_range()
+    share = (high - low + 1) // count
+    first = low + int(worker[2:]) * share
+    os.environ[ports.ENV_RANGE] = f"{first}-{first + share - 1}"
+
+
+_own_port_range()
 
 
 @pytest.fixture

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import socket
+from urllib.parse import urlparse
 
-from jupyter_notebookos.embedded import ports
+import pytest
+
+from jupyter_notebookos.embedded import ports, runner
+from tests.support import start_platform, stop_platform
 
 
 def test_free_ports_are_distinct_bindable_and_never_what_port_zero_hands_out() -> None:
@@ -35,6 +39,40 @@ def test_a_port_in_use_is_not_picked(monkeypatch) -> None:
             def randint(self, low: int, high: int) -> int:
                 return next(draws)
 
+        monkeypatch.setattr(ports, "_handed_out", set())  # (free_port above handed ``free`` out already)
         monkeypatch.setattr(ports.random, "SystemRandom", Draw)
         monkeypatch.setattr(ports, "_ephemeral_start", lambda: 65535)
         assert ports.free_ports(1) == [free]
+
+
+def test_a_platform_whose_port_is_taken_before_it_starts_comes_up_on_another(tmp_path, monkeypatch) -> None:
+    """The port a test picks for a platform's gateway can be bound by another worker's platform before `notebookos
+    up` checks it; the platform then starts on another port instead of failing the test."""
+    with socket.socket() as busy:
+        taken = ports.free_port()
+        busy.bind((ports.LOOPBACK, taken))
+        busy.listen()
+        picks = iter([taken])  # the first pick is the busy port, later ones are really free
+        monkeypatch.setattr(runner, "free_port", lambda: next(picks, None) or ports.free_port())
+        platform = start_platform(tmp_path / "state")
+        try:
+            assert urlparse(platform.url).port != taken
+            assert "python3-notebookos" in platform.client.request("GET", "/api/kernelspecs")["kernelspecs"]
+            assert "is already in use" not in platform.log.read_text()  # (the log is the last attempt's)
+        finally:
+            stop_platform(platform)
+
+
+def test_a_port_is_handed_out_once_and_the_range_can_be_narrowed(monkeypatch) -> None:
+    monkeypatch.setattr(ports, "_handed_out", set())
+    monkeypatch.setenv(ports.ENV_RANGE, "40000-40009")
+    picked = ports.free_ports(4) + ports.free_ports(4)  # none bound in between: still all distinct
+    assert len(set(picked)) == 8 and all(40000 <= p <= 40009 for p in picked), picked
+    ports.exclude(*(p for p in range(40000, 40010) if p not in picked))
+    # The range is used up: what is left comes from port 0 (the ephemeral range), still never twice.
+    more = ports.free_ports(2)
+    assert len(set(more) | set(picked)) == 10 and all(p >= ports._ephemeral_start() for p in more), more
+    for bad in ("40000", "a-b", "50000-40000", "80-90"):
+        monkeypatch.setenv(ports.ENV_RANGE, bad)
+        with pytest.raises(ValueError, match=ports.ENV_RANGE):
+            ports.free_port()

@@ -29,7 +29,7 @@ from rich.console import Console
 
 from jupyter_notebookos.embedded.etcd import EtcdCluster, EtcdClusterError
 from jupyter_notebookos.embedded.hub import ENV_HUB_STATE_DIR, EmbeddedHub, HubSetupError
-from jupyter_notebookos.embedded.ports import free_port
+from jupyter_notebookos.embedded.ports import exclude, free_port
 from jupyter_notebookos.launchers.hostnet import HostNetwork, HostNetworkError
 
 RUNTIME_FILE = "runtime.json"
@@ -169,6 +169,7 @@ class EmbeddedPlatform:
                 self.hub.check()
             except HubSetupError as err:
                 raise PlatformError(str(err)) from None
+        exclude(*(port for _, port in self._ports()))  # promised to our services: never etcd's
         for name, port in self._ports():
             if port and port_in_use(port):
                 raise PlatformError(

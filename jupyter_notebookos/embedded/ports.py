@@ -6,24 +6,54 @@ service it was picked for has bound it. That happened with two test workers side
 taken by another platform's ZMQ socket while the gateway imported, and the platform failed to start. So ports are
 drawn at random below the ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``), where binding port 0 never
 lands, and checked free. Where that leaves too little room, they come from port 0 as before.
+
+A port picked is free only at that moment: the service it is for binds it later. So a process never hands out the
+same port twice (:data:`_handed_out`), and `notebookos up` excludes the ports it was given (``--port`` and the
+like) before it picks etcd's. Processes picking side by side (parallel test workers) can each be given a range of
+their own with ``NOTEBOOKOS_PORTS=LOW-HIGH``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import socket
 
 LOOPBACK = "127.0.0.1"
 LOWEST = 15000  # below: well-known and registered services cluster there
+ENV_RANGE = "NOTEBOOKOS_PORTS"
 _RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 _ATTEMPTS = 200
+#: Ports this process picked (or was told are taken): never picked again, as their services may not have bound them.
+_handed_out: set[int] = set()
 
 
 def _ephemeral_start() -> int:
     with contextlib.suppress(OSError, ValueError, IndexError), open(_RANGE_FILE) as ranges:
         return int(ranges.read().split()[0])
     return 32768  # Linux's default
+
+
+def pick_range() -> tuple[int, int]:
+    """The ports to draw from, both ends included: ``NOTEBOOKOS_PORTS`` if set, else from :data:`LOWEST` to just
+    below the ephemeral range. Raises ValueError for a malformed ``NOTEBOOKOS_PORTS``."""
+    given = os.environ.get(ENV_RANGE, "").strip()
+    if not given:
+        return LOWEST, _ephemeral_start() - 1
+    low, sep, high = given.partition("-")
+    try:
+        bounds = int(low), int(high)
+    except ValueError:
+        bounds = (0, 0)
+    if not sep or not 1024 <= bounds[0] <= bounds[1] <= 65535:
+        raise ValueError(f"{ENV_RANGE}={given!r}: expected LOW-HIGH, two ports from 1024 to 65535, LOW <= HIGH")
+    return bounds
+
+
+def exclude(*ports: int) -> None:
+    """Never pick ``ports`` in this process (0 is ignored): they are promised to a service that has not bound them."""
+    _handed_out.update(p for p in ports if p)
 
 
 def is_free(port: int, host: str = LOOPBACK) -> bool:
@@ -53,18 +83,20 @@ def _from_port_zero(count: int, host: str) -> list[int]:
 
 def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
     """``count`` distinct TCP ports on ``host`` that nothing is bound to right now."""
-    top = _ephemeral_start() - 1
-    if top - LOWEST < 1000:
+    low, top = pick_range()
+    if top - low < 1000 and not os.environ.get(ENV_RANGE):
         return _from_port_zero(count, host)
     draw = random.SystemRandom()
     picked: list[int] = []
     for _ in range(_ATTEMPTS):
         if len(picked) == count:
-            return picked
-        port = draw.randint(LOWEST, top)
-        if port not in picked and is_free(port, host):
+            break
+        port = draw.randint(low, top)
+        if port not in picked and port not in _handed_out and is_free(port, host):
             picked.append(port)
-    return picked + _from_port_zero(count - len(picked), host)
+    picked += _from_port_zero(count - len(picked), host)
+    exclude(*picked)
+    return picked
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -72,4 +104,4 @@ def free_port(host: str = LOOPBACK) -> int:
     return free_ports(1, host)[0]
 
 
-__all__ = ["free_port", "free_ports", "is_free"]
+__all__ = ["exclude", "free_port", "free_ports", "is_free", "pick_range"]

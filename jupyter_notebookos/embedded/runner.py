@@ -23,6 +23,8 @@ from jupyter_notebookos.embedded.platform import RUNTIME_FILE
 from jupyter_notebookos.embedded.ports import free_port
 
 NOTEBOOKOS = [sys.executable, "-m", "jupyter_notebookos.cli"]
+#: How many ports `PlatformProcess.start` tries for the gateway (see there).
+PORT_ATTEMPTS = 3
 
 
 def processes_of(state_dir: Path) -> list[psutil.Process]:
@@ -61,29 +63,41 @@ class PlatformProcess:
         env: dict[str, str] | None = None,
     ) -> PlatformProcess:
         """Start the platform with ``args`` (and ``env`` on top of this process's environment) and wait until it
-        is up (or raise with the end of its output)."""
+        is up (or raise with the end of its output).
+
+        The gateway's port is picked here, free at that moment; another program may bind it in the second or two
+        before `notebookos up` checks it (tests in parallel workers pick from the same range). ``up`` then refuses
+        it before starting anything, and the platform is started again on another port, up to
+        :data:`PORT_ATTEMPTS` times."""
         state_dir = state_dir.resolve()
         state_dir.parent.mkdir(parents=True, exist_ok=True)
         log = state_dir.parent / f"{state_dir.name}-up.log"
-        with open(log, "wb") as out:
-            process = subprocess.Popen(
-                [*NOTEBOOKOS, "up", "--no-lab", "--state-dir", str(state_dir), "--port", str(free_port()), *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=cwd,
-                env=None if env is None else {**os.environ, **env},
-            )
         runtime = state_dir / RUNTIME_FILE
         deadline = time.monotonic() + timeout
-        while not runtime.exists():
-            if process.poll() is not None:
-                raise RuntimeError(f"notebookos up exited with {process.returncode}:\n{log.read_text()}")
-            if time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError(f"notebookos up did not come up in {timeout} s:\n{log.read_text()}")
-            time.sleep(0.1)
-        info = json.loads(runtime.read_text())
-        return cls(process, state_dir, info["gateway_url"], info["token"], log)
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            port = free_port()
+            with open(log, "wb") as out:
+                process = subprocess.Popen(
+                    [*NOTEBOOKOS, "up", "--no-lab", "--state-dir", str(state_dir), "--port", str(port), *args],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=cwd,
+                    env=None if env is None else {**os.environ, **env},
+                )
+            while not runtime.exists():
+                if process.poll() is not None:
+                    said = log.read_text()
+                    if attempt < PORT_ATTEMPTS and f"port {port} (port) is already in use" in said:
+                        break  # taken since it was picked: nothing started, try another
+                    raise RuntimeError(f"notebookos up exited with {process.returncode}:\n{said}")
+                if time.monotonic() > deadline:
+                    process.kill()
+                    raise RuntimeError(f"notebookos up did not come up in {timeout} s:\n{log.read_text()}")
+                time.sleep(0.1)
+            else:
+                info = json.loads(runtime.read_text())
+                return cls(process, state_dir, info["gateway_url"], info["token"], log)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     @property
     def client(self) -> GatewayClient:
