@@ -21,6 +21,7 @@ any user code runs: a warm process when it receives its assignment.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -417,6 +418,13 @@ class LocalLauncher(Launcher):
         if handle.pid is None:
             return
         child = self._children.pop((handle.kernel_id, handle.replica_id), None)
+        # Waiting for processes to exit, and scanning every process for a dead replica's group, takes up to
+        # stop_timeout seconds: not on the gateway's event loop, which serves every other user's cells meanwhile.
+        await asyncio.to_thread(self._stop_processes, handle, child, now)
+
+    def _stop_processes(self, handle: ReplicaHandle, child: subprocess.Popen[bytes] | None, now: bool) -> None:
+        """Stop replica ``handle``'s process and what its cells started (see :meth:`stop_replica`); blocks."""
+        assert handle.pid is not None
         started: list[psutil.Process] = []
         try:
             process = psutil.Process(handle.pid)
