@@ -381,11 +381,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
                 await self.coordinator.delete(self.coordinator.keys.kernel(kernel_id))
         if self.access is not None:
             await self.access.remove(kernel_id)
-        forget = getattr(self.launcher, "forget_kernel", None)
-        if forget is not None:
-            # Removing the kernel's home (as many files as its user wrote there) and scanning every process for its
-            # uid: off the event loop, where another user's cell would wait for it (0.7 s for 60,000 files).
-            await asyncio.to_thread(forget, kernel_id)
+        await self.launcher.forget_kernel(kernel_id)
 
     async def start_replica_process(self, record: KernelRecord, replica_id: str, host: str) -> None:
         """Start replica ``replica_id`` (the id the scheduler handed out) of the kernel on ``host``; the kernel's

@@ -91,3 +91,6 @@ class Launcher(LoggingConfigurable):
     async def find_replicas(self, kernel_id: str) -> list[ReplicaHandle]:
         """The replicas of a kernel that still exist (used to re-attach after a gateway restart)."""
         raise NotImplementedError
+
+    async def forget_kernel(self, kernel_id: str) -> None:
+        """The kernel is stopped (every replica): remove what the launcher kept for it. Nothing by default."""

@@ -278,7 +278,7 @@ async def test_a_kernels_secret_is_created_once_for_its_replicas_and_deleted_wit
     for call in cluster.called("create_namespaced_pod"):
         assert "pw-of-this-kernel" not in str(call["body"])
         assert call["body"]["metadata"]["ownerReferences"][0]["uid"].startswith("uid-")
-    launcher.forget_kernel(KERNEL)
+    await launcher.forget_kernel(KERNEL)
     await until(lambda: cluster.secrets(f"kernel_id={KERNEL}") == [])
 
 

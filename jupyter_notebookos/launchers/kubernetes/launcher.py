@@ -390,7 +390,7 @@ class KubernetesLauncher(PodConfig):
             creating = self._secrets[key] = asyncio.ensure_future(ownership.apply_secret(self.core_api, secret))
         await asyncio.shield(creating)
 
-    def forget_kernel(self, kernel_id: str) -> None:
+    async def forget_kernel(self, kernel_id: str) -> None:
         """The kernel is gone (the platform stopped it): delete its credentials Secret in the background."""
         self._known_kernels.discard(kernel_id)
         for namespace, kernel in [k for k in self._secrets if k[1] == kernel_id]:
