@@ -419,10 +419,17 @@ class ReplicaAgent:
                 if isinstance(exc, LeaseLost):
                     await self._lease_other_than(lease)
                 continue
-            if result.succeeded or term_ended:
-                break
-            if result.results[0].items or any(r.items for r in result.results[1:]):
-                break
+            if result.succeeded or result.results[0].items or any(r.items for r in result.results[1:]):
+                break  # written; or refused for good: a new term is in force, or someone wrote a record (lost)
+            if term_ended:
+                # No term is in force and no one wrote the records, but this replica is not registered: its lease
+                # ended and the watchdog is registering it again (or ends the replica, if etcd does not let it).
+                # Giving up here lost the cell's state whenever etcd revoked the lease before this try.
+                if self._stopping:
+                    break
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, PUBLISH_RETRY_MAX_S)
+                continue
             # The executor key is gone and none of the records is written: the term ended with our lease (an etcd
             # outage outlived it), not with a new executor (the router opens the next term only once a replica
             # applied these records, and closes them as lost before replacing us). The records go out while no
