@@ -376,7 +376,9 @@ class ReplicaKernel(IPythonKernel):
                     self._reply_interrupted(stream, ident, parent, cell)
                     answered = True
                 caught_up = await ready
-        if answered:
+        if answered or (caught_up and interrupted()):
+            if not answered:
+                self._reply_interrupted(stream, ident, parent, cell)
             if cell is not None and caught_up:
                 self._start_publication(cell.directive, msg_id, serialize_delta(None, 0))
             elif cell is not None:
@@ -387,11 +389,6 @@ class ReplicaKernel(IPythonKernel):
                     cell.directive.seq,
                     CATCH_UP_TIMEOUT,
                 )
-            return
-        if caught_up and interrupted():
-            self._reply_interrupted(stream, ident, parent, cell)
-            if cell is not None:
-                self._start_publication(cell.directive, msg_id, serialize_delta(None, 0))
             return
         if directive is None:
             await super().execute_request(stream, ident, parent)
