@@ -30,11 +30,15 @@ import logging
 import os
 import re
 import secrets
+import threading
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from email.utils import formatdate
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, TypeVar
 from urllib.parse import quote
 
 import fsspec
@@ -48,6 +52,10 @@ _OPS = {"get": ("GET", "get_object"), "put": ("PUT", "put_object"), "head": ("HE
         "delete": ("DELETE", "delete_object")}  # fmt: skip
 #: Stores whose URLs the broker can sign (fsspec protocols of s3fs).
 SIGNABLE = ("s3", "s3a")
+#: Threads of a brokered file:// store's data endpoint (reads and writes of objects in flight at once).
+IO_THREADS = 8
+
+_T = TypeVar("_T")
 
 
 class ObjectBrokerError(ValueError):
@@ -131,6 +139,17 @@ class LocalObjectBroker:
         self.public_url = public_url.rstrip("/")
         self.expires = expires
         self._secret = secrets.token_bytes(32)  # this process's: a URL is used at once, never across a restart
+        # The data endpoint's file I/O: threads of its own, so that many transfers at once do not hold up the
+        # loop's other work in the default executor (ObjectDataHandler).
+        self._io = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="notebookos-objects")
+
+    async def run_io(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)`` in the data endpoint's I/O threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+
+    def submit_io(self, fn: Callable[[], object]) -> None:
+        """``fn()`` in the I/O threads, not waited for; a failure is logged."""
+        self._io.submit(fn).add_done_callback(_log_io_failure)
 
     def path(self, kernel_id: str, key: str = "") -> Path:
         base = self.root / "kernels" / kernel_id
@@ -171,6 +190,11 @@ class LocalObjectBroker:
             return sorted(found, key=lambda o: str(o["key"]))
 
         return await asyncio.to_thread(walk)
+
+
+def _log_io_failure(future: Future[object]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("object data endpoint: cleaning up an unfinished upload failed: %s", future.exception())
 
 
 def wants_broker(access: str, object_store_url: str) -> bool:
@@ -267,16 +291,88 @@ class ObjectBrokerHandler(web.RequestHandler):
 
 
 _MAX_OBJECT = 64 << 30  # what one PUT of the data endpoint may carry (a checkpoint of a large notebook)
+#: What a PUT gathers before one write in an I/O thread (one hop per 4 MiB, not per 64 KiB body chunk), and
+#: what a GET reads per hop.
+_GATHER_BYTES = 4 << 20
+_READ_BYTES = 4 << 20
+
+
+class _Upload:
+    """One PUT's temporary file, written in the broker's I/O threads and renamed into place at the end. Its
+    methods run in those threads, one at a time (a lock: a discard waits for a write still running)."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+        self.path = target.with_name(f"{target.name}.tmp-{uuid.uuid4().hex}")
+        self._file: BinaryIO | None = None
+        self._done = False
+        self._lock = threading.Lock()
+
+    @property
+    def settled(self) -> bool:
+        """In place, or discarded: nothing left to clean up."""
+        return self._done
+
+    def write(self, data: bytearray) -> None:
+        with self._lock:
+            self._write(data)
+
+    def finish(self, data: bytearray) -> None:
+        """Write the rest and put the object in place: it appears whole or not at all."""
+        with self._lock:
+            self._write(data)
+            assert self._file is not None
+            self._file.close()
+            os.replace(self.path, self.target)
+            self._done = True
+
+    def _write(self, data: bytearray) -> None:
+        if self._done:
+            raise OSError(f"the upload of {self.target.name} was discarded")
+        if self._file is None:  # opened at the first write: a small object costs one hop in all
+            self.target.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "wb")  # noqa: SIM115 (closed in finish or discard)
+        self._file.write(data)
+
+    def discard(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            if self._file is not None:
+                try:
+                    self._file.close()
+                finally:
+                    self.path.unlink(missing_ok=True)
+
+
+def _open_object(path: Path) -> tuple[BinaryIO, os.stat_result]:
+    try:
+        file = open(path, "rb")  # noqa: SIM115 (closed by the caller)
+    except FileNotFoundError:
+        raise web.HTTPError(404, "no such object") from None
+    return file, os.fstat(file.fileno())
+
+
+def _stat_object(path: Path) -> os.stat_result:
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        raise web.HTTPError(404, "no such object") from None
 
 
 @web.stream_request_body
 class ObjectDataHandler(web.RequestHandler):
     """``/api/notebookos/kernels/<id>/objects/data/<key>?expires=&signature=``: one object of a ``file://`` store
     the gateway brokers, for a URL :class:`LocalObjectBroker` signed (GET, HEAD, PUT, DELETE). A PUT is
-    streamed to a temporary file and renamed into place: the object appears whole or not at all."""
+    streamed to a temporary file and renamed into place: the object appears whole or not at all.
 
-    _tmp: Any = None
-    _tmp_path: Path | None = None
+    Every file operation runs in the broker's I/O threads, never on the gateway's event loop: the store is often a
+    network volume, where a write, a close or a stat can take seconds, and every other user's cells wait while the
+    loop does."""
+
+    _upload: _Upload | None = None
+    _gathered: bytearray
 
     def check_xsrf_cookie(self) -> None:
         """The signature in the URL is the credential: nothing to forge."""
@@ -291,49 +387,47 @@ class ObjectDataHandler(web.RequestHandler):
         expires, signature = self.get_query_argument("expires", ""), self.get_query_argument("signature", "")
         if not broker.verify(self.request.method or "", kernel_id, key, expires, signature):
             raise web.HTTPError(403, "this URL is not signed for this operation, or it expired: ask for a new one")
+        self.broker = broker
         self.target = broker.path(kernel_id, key)
         if self.request.method == "PUT":
             connection: Any = self.request.connection  # an HTTP1Connection while the body streams in
             connection.set_max_body_size(_MAX_OBJECT)
-            self.target.parent.mkdir(parents=True, exist_ok=True)
-            self._tmp_path = self.target.with_name(f"{self.target.name}.tmp-{uuid.uuid4().hex}")
-            self._tmp = open(self._tmp_path, "wb")  # noqa: SIM115 (closed in put or on_finish)
+            self._upload = _Upload(self.target)
+            self._gathered = bytearray()
 
-    def data_received(self, chunk: bytes) -> None:
-        if self._tmp is not None:
-            self._tmp.write(chunk)
+    async def data_received(self, chunk: bytes) -> None:
+        if self._upload is None:
+            return
+        self._gathered += chunk
+        if len(self._gathered) >= _GATHER_BYTES:
+            gathered, self._gathered = self._gathered, bytearray()
+            await self.broker.run_io(self._upload.write, gathered)  # tornado reads on when it is written
 
-    def put(self, kernel_id: str, key: str) -> None:
-        assert self._tmp is not None and self._tmp_path is not None
-        self._tmp.close()
-        os.replace(self._tmp_path, self.target)
-        self._tmp_path = None
+    async def put(self, kernel_id: str, key: str) -> None:
+        assert self._upload is not None
+        await self.broker.run_io(self._upload.finish, self._gathered)
         self.set_status(200)
 
-    def head(self, kernel_id: str, key: str) -> None:
-        stat = self._stat()
+    async def head(self, kernel_id: str, key: str) -> None:
+        stat = await self.broker.run_io(_stat_object, self.target)
         self.set_header("Content-Length", str(stat.st_size))
         self.set_header("Last-Modified", formatdate(stat.st_mtime, usegmt=True))
 
     async def get(self, kernel_id: str, key: str) -> None:
-        stat = self._stat()
-        self.set_header("Content-Type", "application/octet-stream")
-        self.set_header("Content-Length", str(stat.st_size))
-        self.set_header("Last-Modified", formatdate(stat.st_mtime, usegmt=True))
-        with open(self.target, "rb") as f:
-            while chunk := f.read(1 << 20):
+        file, stat = await self.broker.run_io(_open_object, self.target)
+        try:
+            self.set_header("Content-Type", "application/octet-stream")
+            self.set_header("Content-Length", str(stat.st_size))
+            self.set_header("Last-Modified", formatdate(stat.st_mtime, usegmt=True))
+            while chunk := await self.broker.run_io(file.read, _READ_BYTES):
                 self.write(chunk)
                 await self.flush()
+        finally:
+            await self.broker.run_io(file.close)
 
-    def delete(self, kernel_id: str, key: str) -> None:
-        self.target.unlink(missing_ok=True)
+    async def delete(self, kernel_id: str, key: str) -> None:
+        await self.broker.run_io(partial(self.target.unlink, missing_ok=True))
         self.set_status(204)
-
-    def _stat(self) -> os.stat_result:
-        try:
-            return self.target.stat()
-        except FileNotFoundError:
-            raise web.HTTPError(404, "no such object") from None
 
     def on_finish(self) -> None:
         self._discard()
@@ -342,11 +436,10 @@ class ObjectDataHandler(web.RequestHandler):
         self._discard()
 
     def _discard(self) -> None:
-        if self._tmp is not None and not self._tmp.closed:
-            self._tmp.close()
-        if self._tmp_path is not None:
-            self._tmp_path.unlink(missing_ok=True)
-            self._tmp_path = None
+        """An upload that did not finish leaves nothing behind (in the background: a write may still run)."""
+        upload, self._upload = self._upload, None
+        if upload is not None and not upload.settled:
+            self.broker.submit_io(upload.discard)
 
 
 def broker_handlers() -> list[tuple[str, type]]:
