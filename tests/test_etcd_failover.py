@@ -155,3 +155,56 @@ def test_replicas_outlive_a_60_second_etcd_outage_with_their_memory(platform: Pl
                 member.send_signal(signal.SIGCONT)
         with contextlib.suppress(GatewayError):
             client.shutdown_kernel(kernel_id)
+
+
+def test_a_cell_that_runs_through_an_etcd_outage_longer_than_its_lease_finishes(platform: Platform) -> None:
+    """etcd ends every replica's lease when it comes back from an outage longer than the lease's TTL (5 s), the
+    executor's too, while it runs a cell. The process lives on and registers again; the cell used to fail with
+    ReplicaLost at that moment, although nothing was lost. Now the router keeps its connections to the replica
+    through the rejoin grace: the output and the reply arrive, and the next cell sees the cell's state."""
+    client = platform.client
+    kernel_id = client.start_kernel(KERNEL)
+    members = [m for m in map(etcd_process, etcd_endpoints(platform)) if m is not None]
+    assert members
+    log = platform.state_dir / "gateway.log"
+    stopped = False
+    try:
+        with client.connect(kernel_id) as conn:
+            assert conn.execute("x = 1").status == "ok"
+            pids = {r["replica_id"]: r["pid"] for r in client.notebookos_kernel(kernel_id)["replicas"]}
+            logged = len(log.read_text())
+            code = "import time\nprint('begun', flush=True)\ntime.sleep(16)\nx = 2\nprint('done')"
+            msg_id = conn.send("shell", "execute_request", {"code": code})
+            while conn.reply(msg_id, 30, channel="iopub")["msg_type"] != "stream":
+                pass  # busy, execute_input, then "begun"
+            for member in members:
+                member.send_signal(signal.SIGSTOP)
+            stopped = True
+            time.sleep(9)
+            for member in members:
+                member.send_signal(signal.SIGCONT)
+            stopped = False
+            reply, outputs, idle, deadline = None, [], False, time.monotonic() + 60
+            while reply is None or not idle:
+                msg = conn.receive(deadline - time.monotonic())
+                if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                if msg["channel"] == "shell":
+                    reply = msg
+                elif msg["msg_type"] == "stream":
+                    outputs.append(msg["content"]["text"])
+                elif msg["msg_type"] == "status":
+                    idle = msg["content"]["execution_state"] == "idle"
+            assert reply["content"]["status"] == "ok", reply["content"]
+            assert "done\n" in outputs
+            since = log.read_text()[logged:]
+            assert "registered again while it ran a cell" in since, "etcd did not end the executor's lease"
+            after = conn.execute("x + 1", timeout=60)
+            assert after.status == "ok" and after.result_text() == "3"
+            assert {r["replica_id"]: r["pid"] for r in client.notebookos_kernel(kernel_id)["replicas"]} == pids
+    finally:
+        if stopped:
+            for member in members:
+                member.send_signal(signal.SIGCONT)
+        with contextlib.suppress(GatewayError):
+            client.shutdown_kernel(kernel_id)

@@ -87,6 +87,12 @@ class RouterRelay(RouterState):
 
     def _replica_registered(self, registration: ReplicaRegistration) -> None:
         rid = registration.replica_id
+        rejoined = self._rejoined(registration)
+        if rejoined is not None:  # it ran a cell while etcd dropped it: the same connections serve on
+            self.links[rid] = rejoined
+            self.replicas.register(registration)
+            log.info("kernel %s: replica %s registered again while it ran a cell", self.kernel_id, rid)
+            return
         old = self.links.pop(rid, None)
         if old is not None:
             old.close()

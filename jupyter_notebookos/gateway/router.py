@@ -97,6 +97,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         self.identity = f"notebookos-router-{kernel_id}".encode()
 
         self.links: dict[str, ReplicaLink] = {}
+        self._held: dict[str, tuple[ReplicaLink, str]] = {}
         # The kernel's replicas: the one record of them, shared with the platform (its KernelRecord).
         self.replicas = KernelReplicas(kernel_id, on_change=self._replica_changed)
         self.log_head = 0  # the last seq handed to a cell
@@ -199,11 +200,14 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             if waiting.waiter is not None:
                 waiting.waiter.cancel()
             return
+        running = self.running
+        held = self._held.get(running.grant.replica_id) if running is not None and running.grant else None
         target = self._target_replica()
-        if target is None:
+        if held is None and target is None:
             return
+        link = held[0] if held is not None else self.links[str(target)]
         msg = self.signer.make("interrupt_request", {}, self._synthetic_parent("interrupt_request"), idents=[])
-        await self.links[target].control.send_multipart(msg.frames())
+        await link.control.send_multipart(msg.frames())
 
     async def evict(self, replica_id: str, timeout: float = 60.0) -> dict[str, Any]:
         """Ask a replica to move the GPU state it keeps between cells to host memory; returns its answer."""
@@ -231,9 +235,10 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             await watch.aclose()
         for task in self._tasks:
             task.cancel()
-        for link in self.links.values():
+        for link in [*self.links.values(), *(held for held, _ in self._held.values())]:
             link.close()
         self.links.clear()
+        self._held.clear()
         for sock in self._sockets.values():
             sock.close(0)
         self._sockets.clear()
@@ -242,7 +247,13 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
     def _replica_gone(self, rid: str, why: str) -> None:
         registration, retiring = self.replicas.gone(rid, why)
         link = self.links.pop(rid, None)
-        if link is not None:
+        cell = self._cell_running_on(rid)
+        if link is not None and registration is not None and cell and not retiring and not self.shutting_down:
+            # etcd ended its lease; the process may live on (an etcd outage longer than the lease), running the
+            # cell. Its connections need no etcd: the cell's output and reply still come, and the platform says
+            # whether it registers again within the rejoin grace (then the link serves on) or is lost.
+            self._held[rid] = (link, why)
+        elif link is not None:
             link.close()
         if registration is None:
             return
@@ -259,22 +270,67 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             # The scheduler hears of it before the running cell is failed or retried, so it is not picked again.
             if self.on_replica_lost is not None:
                 self.on_replica_lost(self, registration, why)
-        cell = self.running
-        if cell is not None and cell.grant is not None and cell.grant.replica_id == rid and not cell.done.done():
+        cell = self._cell_running_on(rid)  # (again: the platform may have given it up at once)
+        if cell is not None and rid not in self._held:
             self._fail_running_cell(cell, registration, why)
+        elif cell is not None:
+            log.warning(
+                "kernel %s: replica %s still runs cell %s; its reply is awaited while it may register again",
+                self.kernel_id,
+                rid,
+                cell.request.msg_id,
+            )
         elif retiring or self.on_replica_lost is None:
             self.replica_lost(rid)
         # Else the platform calls replica_lost() once the replica is lost for good: a live process whose lease
         # etcd ended in an outage registers again and publishes its records itself.
 
+    def _rejoined(self, registration: ReplicaRegistration) -> ReplicaLink | None:
+        """The held link of ``registration``'s replica, if the same process registered again (its connections
+        never dropped); a held link of another process under that id is closed, and its cell failed."""
+        held = self._held.pop(registration.replica_id, None)
+        if held is None:
+            return None
+        link, why = held
+        before = link.registration
+        same = before.pid == registration.pid and (before.ip, before.shell_port, before.iopub_port) == (
+            registration.ip,
+            registration.shell_port,
+            registration.iopub_port,
+        )
+        if same:
+            link.registration = registration
+            return link
+        link.close()
+        self._fail_held_cell(before, why)
+        return None
+
     def replica_lost(self, rid: str) -> None:
         """Replica ``rid`` is gone for good. If it replied to the last cells but did not publish their records,
-        those cells' state changes are lost: close their sequence numbers so the other replicas do not wait."""
+        those cells' state changes are lost: close their sequence numbers so the other replicas do not wait.
+        A cell it still ran fails now."""
+        held = self._held.pop(rid, None)
+        if held is not None:
+            link, why = held
+            link.close()
+            self._fail_held_cell(link.registration, why)
         if self.last_executor == rid and self.published_seq < self.log_head and rid not in self._closing:
             # (published_seq is refreshed from etcd there: the router does not watch the log.)
             self._closing.add(rid)
             closing = self._spawn(self._close_lost_seqs(rid, self.log_head))
             closing.add_done_callback(lambda _: self._closing.discard(rid))
+
+    def _fail_held_cell(self, registration: ReplicaRegistration, why: str) -> None:
+        cell = self._cell_running_on(registration.replica_id)
+        if cell is not None:
+            self._fail_running_cell(cell, registration, why)
+
+    def _cell_running_on(self, rid: str) -> PendingCell | None:
+        """The running cell, if replica ``rid`` runs it and it has not been answered."""
+        cell = self.running
+        if cell is not None and cell.grant is not None and cell.grant.replica_id == rid and not cell.done.done():
+            return cell
+        return None
 
     # -- cells --------------------------------------------------------------------------------------
 

@@ -52,6 +52,9 @@ class RouterState:
     identity: bytes
 
     links: dict[str, ReplicaLink]
+    # Links of replicas whose registration etcd dropped while they ran the cell (why it dropped, too): kept through
+    # the rejoin grace, for the cell's output and reply (see ReplicaRouter._replica_gone).
+    _held: dict[str, tuple[ReplicaLink, str]]
     replicas: KernelReplicas
     log_head: int
     published_seq: int
@@ -91,6 +94,8 @@ class RouterState:
         def _replica_registered(self, registration: ReplicaRegistration) -> None: ...
 
         def _replica_gone(self, rid: str, why: str) -> None: ...
+
+        def _rejoined(self, registration: ReplicaRegistration) -> ReplicaLink | None: ...
 
         def _error_reply(self, cell: PendingCell, ename: str, evalue: str) -> None: ...
 
