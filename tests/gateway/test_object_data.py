@@ -34,7 +34,7 @@ class Endpoint:
     root: Path
 
     def url(self, op: str, key: str) -> str:
-        method, url = asyncio.run(self.broker.sign(KERNEL, op, key))
+        _, url = asyncio.run(self.broker.sign(KERNEL, op, key))
         return url
 
     def leftovers(self) -> list[str]:
