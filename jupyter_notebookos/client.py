@@ -181,6 +181,14 @@ class KernelConnection:
                 "stop_on_error": True,
             },
         )
+        return self.collect(msg_id, timeout, stdin=stdin, began=began)
+
+    def collect(
+        self, msg_id: str, timeout: float = 60.0, *, stdin: list[str] | None = None, began: float | None = None
+    ) -> CellResult:
+        """The reply and iopub output of the ``execute_request`` ``msg_id`` already sent, until the kernel is idle
+        again (``stdin``: answers to its input requests; ``began``: the ``perf_counter`` its time counts from)."""
+        began = time.perf_counter() if began is None else began
         answers = list(stdin or [])
         reply: dict[str, Any] | None = None
         idle = False

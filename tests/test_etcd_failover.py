@@ -48,6 +48,18 @@ def member_healthy(endpoint: str) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def stopped(members: list[psutil.Process]) -> Iterator[None]:
+    """Every one of ``members`` SIGSTOPped for the ``with`` block, and continued whatever happens in it."""
+    for member in members:
+        member.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for member in members:
+            member.send_signal(signal.SIGCONT)
+
+
 def etcd_process(endpoint: str) -> psutil.Process | None:
     """The etcd member serving ``endpoint``, or None (a member an earlier test killed)."""
     url = endpoint if endpoint.startswith("http") else f"http://{endpoint}"
@@ -92,7 +104,6 @@ def test_replicas_outlive_a_60_second_etcd_outage_with_their_memory(platform: Pl
     kernel_id = client.start_kernel(KERNEL)
     members = [m for m in map(etcd_process, etcd_endpoints(platform)) if m is not None]  # the live ones
     assert members
-    stopped = False
     try:
         with client.connect(kernel_id) as conn:
             # An open file cannot be pickled: only the process that opened it has it, so it tells whether the
@@ -113,19 +124,15 @@ def test_replicas_outlive_a_60_second_etcd_outage_with_their_memory(platform: Pl
             caught = conn.send("shell", "execute_request", {"code": "import time\ntime.sleep(1.0)\nx = 42"})
             while conn.reply(caught, 30, channel="iopub")["msg_type"] != "execute_input":
                 pass  # the cell's busy status comes first
-            for member in members:
-                member.send_signal(signal.SIGSTOP)
-            stopped, began = True, time.monotonic()
-            reply = conn.reply(caught, timeout=30)
-            assert reply["content"]["status"] == "ok"
-            caught_seq = int(reply["metadata"]["notebookos"]["seq"])
-            during = conn.execute("x + 1", timeout=30)
-            assert during.status == "error" and "etcd" in during.reply["content"]["evalue"]
-            assert time.monotonic() - began < 12, "a cell during the outage must fail fast"
-            time.sleep(max(0.0, 60 - (time.monotonic() - began)))
-            for member in members:
-                member.send_signal(signal.SIGCONT)
-            stopped = False
+            with stopped(members):
+                began = time.monotonic()
+                reply = conn.reply(caught, timeout=30)
+                assert reply["content"]["status"] == "ok"
+                caught_seq = int(reply["metadata"]["notebookos"]["seq"])
+                during = conn.execute("x + 1", timeout=30)
+                assert during.status == "error" and "etcd" in during.reply["content"]["evalue"]
+                assert time.monotonic() - began < 12, "a cell during the outage must fail fast"
+                time.sleep(max(0.0, 60 - (time.monotonic() - began)))
 
             def served() -> dict | None:
                 with contextlib.suppress(TimeoutError):
@@ -150,9 +157,6 @@ def test_replicas_outlive_a_60_second_etcd_outage_with_their_memory(platform: Pl
             assert after == pids, "the same replica processes serve again, none was replaced"
             assert all(psutil.pid_exists(pid) for pid in pids.values())
     finally:
-        if stopped:
-            for member in members:
-                member.send_signal(signal.SIGCONT)
         with contextlib.suppress(GatewayError):
             client.shutdown_kernel(kernel_id)
 
@@ -167,7 +171,6 @@ def test_a_cell_that_runs_through_an_etcd_outage_longer_than_its_lease_finishes(
     members = [m for m in map(etcd_process, etcd_endpoints(platform)) if m is not None]
     assert members
     log = platform.state_dir / "gateway.log"
-    stopped = False
     try:
         with client.connect(kernel_id) as conn:
             assert conn.execute("x = 1").status == "ok"
@@ -177,34 +180,16 @@ def test_a_cell_that_runs_through_an_etcd_outage_longer_than_its_lease_finishes(
             msg_id = conn.send("shell", "execute_request", {"code": code})
             while conn.reply(msg_id, 30, channel="iopub")["msg_type"] != "stream":
                 pass  # busy, execute_input, then "begun"
-            for member in members:
-                member.send_signal(signal.SIGSTOP)
-            stopped = True
-            time.sleep(9)
-            for member in members:
-                member.send_signal(signal.SIGCONT)
-            stopped = False
-            reply, outputs, idle, deadline = None, [], False, time.monotonic() + 60
-            while reply is None or not idle:
-                msg = conn.receive(deadline - time.monotonic())
-                if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                    continue
-                if msg["channel"] == "shell":
-                    reply = msg
-                elif msg["msg_type"] == "stream":
-                    outputs.append(msg["content"]["text"])
-                elif msg["msg_type"] == "status":
-                    idle = msg["content"]["execution_state"] == "idle"
-            assert reply["content"]["status"] == "ok", reply["content"]
-            assert "done\n" in outputs
+            with stopped(members):
+                time.sleep(9)
+            finished = conn.collect(msg_id, 60)
+            assert finished.status == "ok", finished.reply["content"]
+            assert "done\n" in finished.stdout
             since = log.read_text()[logged:]
             assert "registered again while it ran a cell" in since, "etcd did not end the executor's lease"
             after = conn.execute("x + 1", timeout=60)
             assert after.status == "ok" and after.result_text() == "3"
             assert {r["replica_id"]: r["pid"] for r in client.notebookos_kernel(kernel_id)["replicas"]} == pids
     finally:
-        if stopped:
-            for member in members:
-                member.send_signal(signal.SIGCONT)
         with contextlib.suppress(GatewayError):
             client.shutdown_kernel(kernel_id)

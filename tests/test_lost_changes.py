@@ -22,19 +22,8 @@ def ready(client: GatewayClient, kernel_id: str) -> list[dict]:
 def run_on(conn: KernelConnection, replica_id: str, code: str) -> tuple[dict, str]:
     """Run ``code`` on one replica; its reply and its stream output (read until the replica is idle again)."""
     msg_id = conn.send("shell", "execute_request", {"code": code}, metadata={"notebookos": {"replica": replica_id}})
-    reply, text, idle = None, "", False
-    deadline = time.monotonic() + 60
-    while reply is None or not idle:
-        msg = conn.receive(deadline - time.monotonic())
-        if msg.get("parent_header", {}).get("msg_id") != msg_id:
-            continue
-        if msg["channel"] == "shell":
-            reply = msg
-        elif msg["msg_type"] == "stream":
-            text += msg["content"]["text"]
-        elif msg["msg_type"] == "status":
-            idle = msg["content"]["execution_state"] == "idle"
-    return reply, text
+    result = conn.collect(msg_id)
+    return result.reply, "".join(o["content"]["text"] for o in result.outputs if o["msg_type"] == "stream")
 
 
 def test_executor_death_between_reply_and_publication_is_told_with_the_next_cell(
