@@ -17,7 +17,9 @@ Jupyter sockets at the connection info EG chose. Behind it run the kernel's repl
 - Heartbeats are answered while a quorum of replicas is registered.
 - A replica whose registration vanishes (lease expired or revoked, process gone) is replaced on another
   host; if it was running a cell, the client gets an error reply for that cell saying the state of the
-  previous cell is intact. A cell is never re-run silently.
+  previous cell is intact. A cell is never re-run silently. A live replica whose lease etcd ended (an outage
+  longer than the lease) keeps its connections to the router through the rejoin grace: its cell finishes, and
+  the error comes only if it does not register again.
 
 :class:`ReplicaRouter` is assembled from parts, one job each: the ZMQ relay (:mod:`.relay`), the etcd view of
 the replica set (:mod:`.replicaset`), the commit and fencing protocol (:mod:`.commit`); the cell types are in
