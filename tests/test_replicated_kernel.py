@@ -103,7 +103,7 @@ def test_interrupt_reaches_the_running_cell(kernel: tuple[GatewayClient, str]) -
         assert reply["content"]["ename"] == "KeyboardInterrupt"
         assert time.monotonic() - began < 10
         alive = conn.execute("'still alive'")
-        assert alive.result_text() == "'still alive'", (alive.reply, alive.outputs)
+        assert alive.result_text() == "'still alive'", (alive.reply["content"], kernel_id)
 
 
 def test_unpicklable_variable_warns_once_and_the_cell_succeeds(kernel: tuple[GatewayClient, str]) -> None:
