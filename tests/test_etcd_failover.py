@@ -193,3 +193,28 @@ def test_a_cell_that_runs_through_an_etcd_outage_longer_than_its_lease_finishes(
     finally:
         with contextlib.suppress(GatewayError):
             client.shutdown_kernel(kernel_id)
+
+
+def test_an_interrupt_while_the_router_commits_the_cell_stops_it(platform: Platform) -> None:
+    """The router commits a cell's decision in etcd before the cell reaches its executor. An interrupt in that
+    window went on to a replica that ran nothing yet, and ipykernel ignores SIGINT between requests: the cell
+    then ran to its end. etcd is paused here so that the window lasts, shorter than the etcd deadline (5 s)."""
+    client = platform.client
+    kernel_id = client.start_kernel(KERNEL)
+    members = [m for m in map(etcd_process, etcd_endpoints(platform)) if m is not None]
+    assert members
+    try:
+        with client.connect(kernel_id) as conn:
+            assert conn.execute("x = 1").status == "ok"
+            with stopped(members):
+                msg_id = conn.send("shell", "execute_request", {"code": "import time\ntime.sleep(30)\nx = 2"})
+                time.sleep(0.7)  # the router is in the cell's commit, waiting for etcd
+                client.interrupt_kernel(kernel_id)
+                time.sleep(0.3)
+            finished = conn.collect(msg_id, 10)
+            assert finished.status == "error" and finished.reply["content"]["ename"] == "KeyboardInterrupt"
+            after = conn.execute("x", timeout=30)
+            assert after.result_text() == "1", "the interrupted cell ran"
+    finally:
+        with contextlib.suppress(GatewayError):
+            client.shutdown_kernel(kernel_id)

@@ -222,12 +222,7 @@ class RouterRelay(RouterState):
             if not self.links:
                 self.exit_code = 0
             return
-        waiting = self.waiting
-        if msg.msg_type == "interrupt_request" and self.running is None and waiting is not None:
-            # The cell has not reached a replica yet: interrupting it means taking it out of the queue.
-            waiting.interrupted = True
-            if waiting.waiter is not None:
-                waiting.waiter.cancel()
+        if msg.msg_type == "interrupt_request" and self._interrupt_unsent():
             reply = self.signer.make("interrupt_reply", {"status": "ok"}, msg)
             await self._sockets["control"].send_multipart(reply.frames())
             return
@@ -251,6 +246,27 @@ class RouterRelay(RouterState):
                 self.changed.clear()
                 await self.changed.wait()
             await sock.send_multipart(frames)
+
+    def _interrupt_unsent(self) -> bool:
+        """Interrupt the cell that has not reached a replica yet; False if there is none.
+
+        A cell waiting for GPUs leaves the queue. A cell whose decision is being committed is marked: its
+        directive then tells the executor to answer it as interrupted and run nothing (the seq is taken, so the
+        executor still publishes its empty record). Sent on to a replica instead, the interrupt would reach one that
+        runs nothing yet, and ipykernel ignores SIGINT between requests: the cell would then run to its end."""
+        if self.running is not None:
+            return False
+        waiting = self.waiting
+        if waiting is not None:
+            waiting.interrupted = True
+            if waiting.waiter is not None:
+                waiting.waiter.cancel()
+            return True
+        committing = self.committing
+        if committing is not None:
+            committing.interrupted = True
+            return True
+        return False
 
     def _target_replica(self, *, prefer_running: bool = False) -> str | None:
         """Where a non-execute request goes: the running cell's replica, the executor, or the freshest."""

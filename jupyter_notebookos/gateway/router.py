@@ -110,6 +110,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         self._executor_key_absent = False  # known absent in etcd: a new term need not delete it first
         self.running: PendingCell | None = None
         self.waiting: PendingCell | None = None  # the cell at the head, waiting for GPUs (or a migration)
+        self.committing: PendingCell | None = None  # the cell whose decision is being committed in etcd
         self.cells_run = 0
         self.gpu_seconds = 0.0
         self.started_at = time.time()
@@ -196,11 +197,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
 
     async def interrupt(self) -> None:
         """Interrupt the running cell (a message on the executor's control channel), or the waiting one."""
-        waiting = self.waiting
-        if self.running is None and waiting is not None:
-            waiting.interrupted = True
-            if waiting.waiter is not None:
-                waiting.waiter.cancel()
+        if self._interrupt_unsent():
             return
         running = self.running
         held = self._held.get(running.grant.replica_id) if running is not None and running.grant else None
@@ -434,9 +431,17 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
                 self.planner.release(self.kernel_id, msg_id)
                 await asyncio.sleep(0.05)
                 continue  # the replica went away while we waited
-            if await self._commit(cell, grant):
+            self.committing = cell
+            try:
+                committed = await self._commit(cell, grant)
+            finally:
+                self.committing = None
+            if committed:
                 break
             self.planner.release(self.kernel_id, msg_id)
+            if cell.interrupted:  # while its decision conflicted: it goes no further
+                self._error_reply(cell, "KeyboardInterrupt", "interrupted before it reached a replica; it did not run")
+                return
             with contextlib.suppress(CoordinationError):
                 await self.ledger.flush()  # a deferred release that was in the way goes first
             conflicts += 1
@@ -455,7 +460,9 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         cell.grant = grant
         cell.started = time.monotonic()
         self.running = cell
-        directive = CellDirective(seq=cell.seq, fence=self.fence, gpus=list(grant.devices), attempt=cell.attempt)
+        directive = CellDirective(
+            seq=cell.seq, fence=self.fence, gpus=list(grant.devices), attempt=cell.attempt, interrupted=cell.interrupted
+        )
         metadata = cell.request.metadata()
         metadata[METADATA_KEY] = directive.to_dict()
         forwarded = self.signer.with_metadata(cell.request, metadata)

@@ -64,6 +64,7 @@ class RouterState:
     _executor_key_absent: bool
     running: PendingCell | None
     waiting: PendingCell | None
+    committing: PendingCell | None
     cells_run: int
     gpu_seconds: float
     started_at: float

@@ -363,6 +363,10 @@ class ReplicaKernel(IPythonKernel):
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
         answered = False
+        if cell is not None and cell.directive.interrupted:
+            # The client interrupted it while the router committed it, before it reached this replica.
+            self._reply_interrupted(stream, ident, parent, cell)
+            answered = True
         with _sigint_noted(lambda: loop.call_soon_threadsafe(woken.set)) as interrupted:
             uploading = self._uploading
             if (uploading is None or uploading.done()) and (directive is None or self.applied >= directive.seq - 1):
@@ -372,7 +376,7 @@ class ReplicaKernel(IPythonKernel):
                 signalled = loop.create_task(woken.wait())
                 await asyncio.wait({ready, signalled}, return_when=asyncio.FIRST_COMPLETED)
                 signalled.cancel()
-                if interrupted() and not ready.done():
+                if interrupted() and not ready.done() and not answered:
                     self._reply_interrupted(stream, ident, parent, cell)
                     answered = True
                 caught_up = await ready

@@ -174,6 +174,9 @@ class CellDirective:
     fence: int  # create_revision of keys.executor(kid) when the decision was committed
     gpus: list[int] = field(default_factory=list)  # device ordinals on the executor's host
     attempt: int = 1
+    # The client interrupted the cell while the router committed it: answer it as interrupted, run nothing (its
+    # seq is taken, so its empty record still goes out).
+    interrupted: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -185,6 +188,7 @@ class CellDirective:
             fence=int(raw["fence"]),
             gpus=[int(g) for g in raw.get("gpus", [])],
             attempt=int(raw.get("attempt", 1)),
+            interrupted=raw.get("interrupted", False) is True,
         )
 
 
