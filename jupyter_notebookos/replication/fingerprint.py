@@ -4,18 +4,25 @@ A fingerprint is the value's identity, type and a digest of its pickle (the same
 use). Protocol-5 buffers (numpy arrays) are not copied into the pickle: a buffer that the kernel tracks
 writes for (:mod:`writetrack`) contributes its version token, which costs nothing in its size; any other
 buffer contributes a fast checksum of its bytes (:func:`digest.buffer_checksum`).
+
+A fingerprint also keeps what the state tracker needs to leave the value alone while no cell can reach it
+(state.py): the global names the notebook code reachable from it mentions (:mod:`reach`), the tracked
+buffers it holds, and whether it holds a large buffer that only a checksum can check.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import hashlib
-import io
 import sys
+import threading
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_notebookos.replication import reach as _reach
 from jupyter_notebookos.replication.digest import buffer_checksum
 from jupyter_notebookos.replication.serialization import NamespacePickler
 from jupyter_notebookos.replication.writetrack import PageWriteTracker, buffer_address
@@ -43,8 +50,16 @@ class Fingerprint:
     digest: bytes | None
     error: str | None = None
     # Checksums left for later (see fingerprint(defer_buffers=...)): each buffer's part of the digest in
-    # pickle order (done: bytes; left for later: the buffer) and the pickle stream.
+    # pickle order (done: bytes; left for later: the buffer) and the pickle stream's digest.
     pending: tuple[tuple[bytes | memoryview, ...], bytes] | None = field(default=None, compare=False)
+    # The global names that the notebook code reachable from the value mentions (None: any name, see reach.py).
+    reach: frozenset[str] | None = field(default=frozenset(), compare=False)
+    # The (address, size) of the write-tracked buffers it holds.
+    buffers: frozenset[tuple[int, int]] = field(default=frozenset(), compare=False)
+    # Whether it holds a buffer of at least the tracking size that only a checksum can check.
+    untracked: bool = field(default=False, compare=False)
+    # The ids of the objects it shared with other names when it was fingerprinted (set by the state tracker).
+    shared: frozenset[int] = field(default=frozenset(), compare=False)
 
     def same_as(self, other: Fingerprint) -> bool:
         """Whether the value is unchanged (same object, same type, same content)."""
@@ -61,14 +76,21 @@ class Fingerprint:
             return self
         parts, data = self.pending
         digest = hashlib.blake2b(digest_size=16)
+        buffers, untracked = set(self.buffers), self.untracked
         for part in parts:
             if isinstance(part, bytes):
                 digest.update(part)
                 continue
             token = writes.token(part) if writes is not None and part.nbytes >= writes.min_bytes else None
+            if token is not None:
+                buffers.add((buffer_address(part) or 0, part.nbytes))
+            else:
+                untracked = True  # (only buffers of at least the record's threshold are left for later)
             digest.update(token if token is not None else buffer_checksum(part))
         digest.update(data)
-        return Fingerprint(self.oid, self.type, digest.digest(), self.error)
+        return dataclasses.replace(
+            self, digest=digest.digest(), pending=None, buffers=frozenset(buffers), untracked=untracked
+        )
 
 
 def _shareable(obj: Any, namespace: Mapping[str, Any]) -> bool:
@@ -92,6 +114,47 @@ def _shareable(obj: Any, namespace: Mapping[str, Any]) -> bool:
     return True
 
 
+class FingerprintAborted(Exception):
+    """:func:`fingerprint` was asked to stop (its ``abort`` event was set)."""
+
+
+class _Sink:
+    """Where a fingerprint's pickler writes: the stream's digest, taken a frame (64 KiB) at a time. The pickler
+    calls :meth:`write` every few milliseconds also where no object of its own reduces (a list of a million
+    dicts): there an abort is seen, and another thread can take the GIL."""
+
+    __slots__ = ("abort", "digest")
+
+    def __init__(self, abort: threading.Event | None):
+        self.abort = abort
+        self.digest = hashlib.blake2b(digest_size=16)
+
+    def write(self, data: Any) -> int:
+        if self.abort is not None and self.abort.is_set():
+            raise FingerprintAborted()
+        self.digest.update(data)
+        return len(data)
+
+
+class _Pickler(NamespacePickler):
+    """The records' pickler, noting the notebook code it meets, and stopping when asked to."""
+
+    def __init__(self, *args: Any, abort: threading.Event | None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.abort = abort
+        self.codes: list[types.CodeType] = []
+
+    def reducer_override(self, obj: Any) -> Any:
+        if self.abort is not None and self.abort.is_set():
+            raise FingerprintAborted()
+        return super().reducer_override(obj)
+
+    def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
+        if func.__globals__ is self.namespace:
+            self.codes.append(func.__code__)
+        return super()._dynamic_function_reduce(func)
+
+
 def fingerprint(
     value: Any,
     namespace: Mapping[str, Any],
@@ -100,8 +163,9 @@ def fingerprint(
     *,
     defer_buffers: int | None = None,
     writes: PageWriteTracker | None = None,
-    live: set[tuple[int, int]] | None = None,
     clear_dirty: bool = False,
+    untracked_min: int | None = None,
+    abort: threading.Event | None = None,
 ) -> Fingerprint:
     """Fingerprint ``value``; append the ids of the mutable objects it reaches to ``shared_ids``.
 
@@ -111,9 +175,10 @@ def fingerprint(
     those that ``writes`` does not track yet, for :meth:`Fingerprint.settled` (the digest is then the same as
     without it, once settled).
     ``writes`` (when given) supplies version tokens for buffers of at least ``writes.min_bytes`` that it can
-    track; the ``(address, size)`` of those it tracks go into ``live``. ``clear_dirty`` forgets the written
+    track (their ``(address, size)`` go into the fingerprint's ``buffers``). ``clear_dirty`` forgets the written
     spans the tracker holds for those buffers (after a record wrote them from outside a cell: the replicas
-    already have them).
+    already have them). A buffer of at least ``untracked_min`` bytes that is checksummed instead marks the
+    fingerprint ``untracked``. Setting ``abort`` (from another thread) makes it raise :class:`FingerprintAborted`.
     """
     t = type(value)
     if t in ATOMIC_TYPES or isinstance(value, types.ModuleType):
@@ -121,10 +186,11 @@ def fingerprint(
     if value is namespace:
         return Fingerprint(id(value), t, b"namespace")
     parts: list[bytes | memoryview] = []  # each buffer's part of the digest (a buffer: left for later)
-    deferring = False
+    buffers: set[tuple[int, int]] = set()
+    deferring = untracked = False
 
     def on_buffer(buf: Any) -> bool:
-        nonlocal deferring
+        nonlocal deferring, untracked
         try:
             raw = buf.raw()
         except BufferError:
@@ -135,8 +201,7 @@ def fingerprint(
             token = writes.token(raw, register=not defer)
             if token is not None:
                 parts.append(token)
-                if live is not None:
-                    live.add((buffer_address(raw) or 0, raw.nbytes))
+                buffers.add((buffer_address(raw) or 0, raw.nbytes))
                 if clear_dirty:
                     writes.take_dirty(raw)
                 return False
@@ -145,29 +210,83 @@ def fingerprint(
             deferring = True
         else:
             parts.append(buffer_checksum(raw))
+            untracked = untracked or (untracked_min is not None and raw.nbytes >= untracked_min)
         return False
 
-    stream = io.BytesIO()
-    pickler = NamespacePickler(stream, namespace=namespace, buffer_callback=on_buffer, device_to_host=False)
+    stream = _Sink(abort)
+    pickler = _Pickler(stream, namespace=namespace, buffer_callback=on_buffer, device_to_host=False, abort=abort)
     try:
         pickler.dump(value)
+    except FingerprintAborted:
+        raise
     except Exception as exc:
         if shared_ids is not None:
             shared_ids.append(id(value))
         reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-        return Fingerprint(id(value), t, None, error=reason.rstrip(": "))
+        # The pickler stopped part way: what it reaches is found by following references.
+        return Fingerprint(id(value), t, None, error=reason.rstrip(": "), reach=referents_reach(value, namespace))
+    reach = _reach.union(_reach.code_reach(code) for code in pickler.codes)
     if shared_ids is not None:
         memo = pickler.memo.copy()
         shared_ids.extend(k for k, (_, obj) in memo.items() if _shareable(obj, namespace))
+        shared_ids.extend(_array_bases(memo.values()))
         if keep is not None:
             keep.append(memo)
+    kept = {"reach": reach, "buffers": frozenset(buffers), "untracked": untracked}
     if deferring:
-        return Fingerprint(id(value), t, None, pending=(tuple(parts), stream.getvalue()))
+        return Fingerprint(id(value), t, None, pending=(tuple(parts), stream.digest.digest()), **kept)  # type: ignore[arg-type]
     digest = hashlib.blake2b(digest_size=16)
     for part in parts:
         digest.update(part)
-    digest.update(stream.getbuffer())
-    return Fingerprint(id(value), t, digest.digest())
+    digest.update(stream.digest.digest())
+    return Fingerprint(id(value), t, digest.digest(), **kept)  # type: ignore[arg-type]
 
 
-__all__ = ["ATOMIC_TYPES", "Fingerprint", "fingerprint"]
+#: How many objects :func:`referents_reach` looks at before it gives up (and answers "any name").
+REFERENTS_LIMIT = 20_000
+
+
+def referents_reach(value: Any, namespace: Mapping[str, Any], limit: int = REFERENTS_LIMIT) -> frozenset[str] | None:
+    """The global names the notebook code reachable from ``value`` mentions, found by following references
+    (for a value that cannot be pickled, whose pickler stopped part way); None after ``limit`` objects.
+
+    It does not go into modules, the namespace itself, library classes, or library functions (whose globals
+    are their modules)."""
+    main = namespace.get("__name__", "__main__")
+    codes: list[types.CodeType] = []
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or obj is namespace or type(obj) in ATOMIC_TYPES or isinstance(obj, types.ModuleType):
+            continue
+        seen.add(id(obj))
+        if len(seen) > limit:
+            return None
+        if isinstance(obj, types.FunctionType):
+            if obj.__globals__ is not namespace:
+                continue
+            codes.append(obj.__code__)
+        elif isinstance(obj, type) and obj.__module__ != main:
+            continue
+        stack.extend(gc.get_referents(obj))
+    return _reach.union(_reach.code_reach(code) for code in codes)
+
+
+def _array_bases(memo: Any) -> list[int]:
+    """The ids of the objects whose memory the numpy arrays pickled here view: a view and its base count as one
+    object shared by their names (a write through one changes the other, whose pickle alone does not say so)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is None:
+        return []
+    ids = []
+    for _, obj in memo:
+        if isinstance(obj, numpy.ndarray) and obj.base is not None:
+            base = obj
+            while isinstance(base, numpy.ndarray) and base.base is not None:
+                base = base.base
+            ids.append(id(base))
+    return ids
+
+
+__all__ = ["ATOMIC_TYPES", "Fingerprint", "FingerprintAborted", "fingerprint", "referents_reach"]

@@ -69,14 +69,18 @@ Limits (documented, not silently wrong where we can help it):
 from __future__ import annotations
 
 import ast
+import collections
+import dataclasses
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_notebookos.replication.chunks import BufferLineage
-from jupyter_notebookos.replication.fingerprint import Fingerprint, fingerprint
+from jupyter_notebookos.replication.fingerprint import Fingerprint, FingerprintAborted, fingerprint
+from jupyter_notebookos.replication.reach import cell_reach, union
 from jupyter_notebookos.replication.writetrack import PageWriteTracker, open_write_tracker
 
 IPYTHON_NAMES = frozenset(
@@ -292,6 +296,10 @@ class StateDelta:
 class _Scan:
     prints: dict[str, Fingerprint]
     groups: dict[str, frozenset[str]]  # name -> names sharing a mutable object with it (itself included)
+    scanned: set[str]  # the names fingerprinted now (the others keep their baseline fingerprint)
+
+
+_MISSING = object()
 
 
 class StateTracker:
@@ -300,6 +308,8 @@ class StateTracker:
     Call :meth:`before_cell` with the cell's source before running it and :meth:`after_cell` after it.
     On a replica that applies records (a follower), apply them through :meth:`apply` (or call
     :meth:`refresh` with the names), so that when it becomes the executor its baseline matches its namespace.
+    While no cell runs, :meth:`verify` looks at the names the last captures did not (the replica calls it in a
+    thread when the kernel is idle).
 
     ``hidden`` is the shell's ``user_ns_hidden``; ``transform`` turns IPython syntax into Python (default:
     IPython's own transformer, so ``%time x = f()`` still parses). ``write_tracking`` selects the primary
@@ -326,10 +336,15 @@ class StateTracker:
         # Which large buffers the other replicas hold, so that records send only their changed chunks.
         self.lineage = BufferLineage(self.writes)
         self.defer_min_bytes = defer_min_bytes
+        self.track_min_bytes = track_min_bytes
         self.hidden = hidden
         self.transform = transform or _ipython_transform
         self._baseline: dict[str, Fingerprint] | None = None
         self._bindings = CellBindings(frozenset(), parsed=False)
+        self._reach: frozenset[str] | None = None  # the names the cell's code mentions (None: any name)
+        self._recheck: set[str] = set()  # names the next capture fingerprints whatever the cell reaches
+        self._unverified: set[str] = set()  # names no capture or verification looked at since the last cell
+        self.last_scanned = 0  # how many names the last capture fingerprinted
         # Names that are IPython's by their spelling alone (``_i42``, ``_42``): IPython adds one or two per
         # cell and never removes them, so after thousands of cells they are most of the namespace. A set
         # lookup rather than a regex match per name and per cell keeps a long session's cells cheap.
@@ -354,8 +369,11 @@ class StateTracker:
         except Exception:
             source = code
         self._bindings = cell_bindings(source)
+        self._reach = cell_reach(source) if self._bindings.parsed else None
         if self._baseline is None:
-            self._baseline = self._scan(with_groups=False).prints
+            self._baseline = self._scan(None, baseline=None).prints
+            self._recheck.clear()
+            self._unverified.clear()
 
     def after_cell(self) -> StateDelta:
         """The cell's delta; its fingerprints become the baseline of the next cell.
@@ -363,13 +381,15 @@ class StateTracker:
         The checksums of values that are new or bound to another object are left for :meth:`settle`."""
         started = time.perf_counter()
         self.settle()
+        written: set[tuple[int, int]] = set()
         if self.writes is not None:
             self.writes.scan()  # bumps the version token of every tracked buffer written since the last scan
+            written = self.writes.written
         baseline = self._baseline if self._baseline is not None else {}
-        scan = self._scan(with_groups=True, baseline=baseline)
+        scan = self._scan(self._reach if self._baseline is not None else None, baseline=baseline, written=written)
         why: dict[str, str] = {}
-        for name, now in scan.prints.items():
-            before = baseline.get(name)
+        for name in scan.scanned:
+            now, before = scan.prints[name], baseline.get(name)
             if before is None:
                 why[name] = "new"
             elif before.oid != now.oid or before.type is not now.type:
@@ -395,6 +415,12 @@ class StateTracker:
             warnings.append("the cell's source could not be parsed; the delta relies on value fingerprints only")
         self._baseline = scan.prints
         self._bindings = CellBindings(frozenset(), parsed=False)
+        self._reach = None
+        self._recheck.clear()
+        # Anything may change a value after its capture (a thread, a comm callback): verify() looks at them all
+        # but those every capture fingerprints anyway.
+        self._unverified = {name for name, now in scan.prints.items() if not now.untracked}
+        self.last_scanned = len(scan.scanned)
         return StateDelta(
             namespace=self.user_ns,
             values=values,
@@ -423,6 +449,51 @@ class StateTracker:
             if print_.pending is not None:
                 baseline[name] = print_.settled(self.writes)
 
+    @property
+    def unverified(self) -> int:
+        """How many names :meth:`verify` has yet to look at."""
+        return len(self._unverified)
+
+    def unverify(self) -> None:
+        """Have :meth:`verify` look at every name again (after a comm callback, or a while after the last time)."""
+        if self._baseline is not None:
+            self._unverified = {name for name, now in self._baseline.items() if not now.untracked}
+
+    def verify(self, abort: threading.Event | None = None) -> bool:
+        """Fingerprint the names again (those the captures do not fingerprint every time) to find the values that
+        changed since the last capture; the next capture fingerprints those again, and so puts them in its
+        delta. Returns False when ``abort`` was set before it finished (it goes on from there next time).
+
+        The captures fingerprint only what a cell can reach (see the module docstring); this catches what
+        reached the rest anyway (a library that kept a reference, a thread, a comm callback). The replica runs it
+        in a thread while the kernel is idle and sets ``abort`` before anything else touches the namespace or
+        this tracker: it is not thread-safe with the other methods, and reads the namespace only."""
+        baseline = self._baseline
+        if baseline is None:
+            return True
+        for name in list(self._unverified):
+            before, value = baseline.get(name), self.user_ns.get(name, _MISSING)
+            if before is None or value is _MISSING or before.pending is not None:
+                pass  # gone (the next capture sees that), or new since the last capture (it fingerprints it)
+            elif (before.oid, before.type) != (id(value), type(value)):
+                self._recheck.add(name)
+            elif before.digest is not None or before.error is not None:
+                try:
+                    now = fingerprint(
+                        value, self.user_ns, writes=self.writes, untracked_min=self.track_min_bytes, abort=abort
+                    )
+                except FingerprintAborted:
+                    return False
+                except Exception:  # e.g. a comm callback changed a dict while it was pickled: look again
+                    self._recheck.add(name)
+                else:
+                    if now.pending is not None or not now.same_as(before):
+                        self._recheck.add(name)
+            self._unverified.discard(name)
+            if abort is not None and abort.is_set():
+                return not self._unverified
+        return True
+
     def refresh(self, names: Iterable[str]) -> None:
         """Re-fingerprint ``names`` into the baseline (after a record changed them from outside a cell)."""
         if self._baseline is None:
@@ -434,10 +505,17 @@ class StateTracker:
         for name in names:
             if name in self.user_ns and is_user_name(name, self.user_ns[name], self.hidden):
                 self._baseline[name] = fingerprint(
-                    self.user_ns[name], self.user_ns, writes=self.writes, clear_dirty=True
+                    self.user_ns[name],
+                    self.user_ns,
+                    writes=self.writes,
+                    clear_dirty=True,
+                    untracked_min=self.track_min_bytes,
                 )
+                # What it shares with other names is not known here: the next capture fingerprints it again.
+                self._recheck.add(name)
             else:
                 self._baseline.pop(name, None)
+                self._recheck.discard(name)
 
     def apply(self, record: Any, store: Any) -> Any:
         """Apply a state record to this tracker's namespace and keep the baseline in step."""
@@ -451,13 +529,76 @@ class StateTracker:
     def reset(self) -> None:
         """Forget the baseline: the next :meth:`before_cell` fingerprints the whole namespace again."""
         self._baseline = None
+        self._recheck.clear()
+        self._unverified.clear()
 
-    def _scan(self, *, with_groups: bool, baseline: Mapping[str, Fingerprint] | None = None) -> _Scan:
+    def _must_scan(self, name: str, value: Any, before: Fingerprint | None, written: set[tuple[int, int]]) -> bool:
+        """Whether a capture fingerprints ``name`` whether or not the cell reaches it."""
+        return (
+            before is None
+            or before.oid != id(value)
+            or before.type is not type(value)
+            or before.untracked  # a large buffer that only its checksum can check (the fallback method)
+            or not before.buffers.isdisjoint(written)  # a tracked buffer of it was written
+            or name in self._recheck
+        )
+
+    def _scan(
+        self,
+        reach: frozenset[str] | None,
+        *,
+        baseline: Mapping[str, Fingerprint] | None,
+        written: set[tuple[int, int]] | None = None,
+    ) -> _Scan:
+        """Fingerprint the names a cell can reach (every name when ``reach`` or ``baseline`` is None) and those
+        :meth:`_must_scan` selects; the others keep their baseline fingerprint."""
+        names = self.user_names()
+        present = set(names)
+        full = reach is None or baseline is None
+        if full:
+            todo = list(names)
+        else:
+            assert baseline is not None
+            ns, hit = self.user_ns, written or set()
+            todo = [n for n in names if self._must_scan(n, ns[n], baseline.get(n), hit)]
+            todo.extend(n for n in (*reach, *self._bindings.touched) if n in present)  # type: ignore[misc]
         prints: dict[str, Fingerprint] = {}
+        ids_of: dict[str, list[int]] = {}
+        keep: list[Any] = []
+        queue = collections.deque(todo)
+        while queue:
+            name = queue.popleft()
+            if name in prints:
+                continue
+            value = self.user_ns[name]
+            # New, or bound to another object: in the delta whatever its content (see settle()).
+            before = baseline.get(name, None) if baseline is not None else None
+            fresh = baseline is not None and (before is None or (before.oid, before.type) != (id(value), type(value)))
+            defer = self.defer_min_bytes if fresh else None
+            ids: list[int] = []
+            now = prints[name] = fingerprint(
+                value,
+                self.user_ns,
+                ids,
+                keep,
+                defer_buffers=defer,
+                writes=self.writes,
+                untracked_min=self.track_min_bytes,
+            )
+            ids_of[name] = ids
+            if full:
+                continue
+            # What it reached before the cell ran counts too: a thread's target is gone once it has run.
+            reached = now.reach if before is None or before.oid != now.oid else union([now.reach, before.reach])
+            if reached is None:  # its code can reach any name: all of them, then
+                full = True
+                queue.extend(n for n in names if n not in prints)
+            else:
+                queue.extend(n for n in reached if n in present and n not in prints)
+        scanned = set(prints)
         owner: dict[int, str] = {}
         parent: dict[str, str] = {}
-        keep: list[Any] = []
-        live: set[tuple[int, int]] = set()
+        several: set[int] = set()  # ids reached from more than one name
 
         def find(name: str) -> str:
             while parent[name] != name:
@@ -465,40 +606,44 @@ class StateTracker:
                 name = parent[name]
             return name
 
-        for name in self.user_names():
-            value = self.user_ns[name]
-            ids: list[int] | None = [] if with_groups else None
-            # New, or bound to another object: in the delta whatever its content (see settle()).
-            before = baseline.get(name, None) if baseline is not None else None
-            fresh = baseline is not None and (before is None or (before.oid, before.type) != (id(value), type(value)))
-            defer = self.defer_min_bytes if fresh else None
-            prints[name] = fingerprint(
-                value, self.user_ns, ids, keep, defer_buffers=defer, writes=self.writes, live=live
-            )
-            if ids is None:
-                continue
+        for name in names:
+            if name in scanned:
+                now = prints[name]
+                if now.digest is None and now.error is None and now.pending is None:
+                    parent[name] = name
+                    continue  # immutable atom or module: never shared state
+                oids: Iterable[int] = ids_of[name] or [id(self.user_ns[name])]
+            else:
+                assert baseline is not None
+                now = prints[name] = baseline[name]
+                oids = now.shared
             parent[name] = name
-            if prints[name].digest is None and prints[name].error is None and prints[name].pending is None:
-                continue  # immutable atom or module: never shared state
-            for oid in ids or [id(value)]:
+            for oid in oids:
                 other = owner.setdefault(oid, name)
                 if other != name:
+                    several.add(oid)
                     a, b = find(other), find(name)
                     if a != b:
                         parent[b] = a
+        for name in scanned:
+            mine = frozenset(oid for oid in ids_of[name] if oid in several)
+            if mine != prints[name].shared:
+                prints[name] = dataclasses.replace(prints[name], shared=mine)
         keep.clear()
         if self.writes is not None:
+            live: set[tuple[int, int]] = set()
+            for now in prints.values():
+                live |= now.buffers
             self.writes.prune(live)  # buffers no longer reachable from the namespace
+        members: dict[str, set[str]] = {}
+        for name in parent:
+            members.setdefault(find(name), set()).add(name)
         groups: dict[str, frozenset[str]] = {}
-        if with_groups:
-            members: dict[str, set[str]] = {}
-            for name in parent:
-                members.setdefault(find(name), set()).add(name)
-            for names in members.values():
-                frozen = frozenset(names)
-                for name in names:
-                    groups[name] = frozen
-        return _Scan(prints, groups)
+        for group in members.values():
+            frozen = frozenset(group)
+            for name in group:
+                groups[name] = frozen
+        return _Scan(prints, groups, scanned)
 
 
 __all__ = [

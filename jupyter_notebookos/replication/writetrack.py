@@ -273,6 +273,7 @@ class PageWriteTracker:
         self._lock = threading.Lock()
         self._tracked: dict[tuple[int, int], _Tracked] = {}
         self._unneeded: list[tuple[int, int]] = []  # spans of buffers pruned, not yet released (see prune)
+        self.written: set[tuple[int, int]] = set()  # the buffers the last scan found written
         # Changed in place only: the finalizer holds these two, not the tracker.
         weakref.finalize(self, _orphan, channel, self._tracked, self._unneeded)
         self._regions = (_PageRegion * _REGIONS)()
@@ -372,7 +373,7 @@ class PageWriteTracker:
 
     def scan(self) -> int:
         """Look at every tracked buffer: bump the generation of each one written since the last scan.
-        Returns how many were written.
+        Returns how many were written; their ``(address, size)`` are in :attr:`written` until the next scan.
 
         Overlapping buffers (an array and a view of it) share pages, and a scan re-protects what it finds:
         so the union of their page spans is scanned once and what is found is given to each of them."""
@@ -415,6 +416,7 @@ class PageWriteTracker:
                         tracked.generation = next(_generations)
                         tracked.dirty.extend(mine)
                         written.add(key)
+            self.written = written
         return len(written)
 
     def take_dirty(self, view: memoryview) -> list[tuple[int, int]] | None:

@@ -356,6 +356,27 @@ def test_unpicklable_variable_warns_once_and_cell_succeeds(replicas: ReplicaFact
     assert out.stdout.startswith("[1, 2]\nUnreplicatedValueError variable 'lock' was not replicated")
 
 
+def test_a_change_no_cell_reaches_is_found_while_the_kernel_idles_and_goes_out_with_the_next_cell(
+    replicas: ReplicaFactory,
+) -> None:
+    """A capture fingerprints only the names the cell can reach. What changed elsewhere (here a timer thread that
+    holds the list through a bound method, which no name's code mentions) is found by the verification the
+    replica runs while it idles, and the next cell's record carries it."""
+    r0 = replicas.start("r0")
+    r1 = replicas.start("r1")
+    fence = replicas.elect("r0")
+    cell = r0.execute(
+        "import threading\nlate = []\nthreading.Timer(0.3, late.append, ['written while idle']).start()",
+        CellDirective(1, fence),
+    )
+    assert cell.status == "ok", cell.reply["content"]
+    time.sleep(0.3 + 1.0 + 1.5)  # the timer, the idle delay, the verification
+    cell = r0.execute("x = 1", CellDirective(2, fence))
+    assert cell.status == "ok" and cell.meta["changed"] == ["late", "x"], cell.meta
+    replicas.wait_applied("r1", 2)
+    assert r1.execute("print(late)").stdout == "['written while idle']\n"
+
+
 def test_interrupt_reaches_user_code_and_the_cell_still_publishes(replicas: ReplicaFactory) -> None:
     r0 = replicas.start("r0")
     fence = replicas.elect("r0")
