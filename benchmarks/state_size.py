@@ -8,6 +8,11 @@ on it, and measures, interleaving the two kernels so that noise on a shared mach
   which the kernels' Python needs torch);
 - a cell changing 1 MiB of a 1 GB array: reply time, bytes published (what the object store grew by: the
   chunks; the etcd record is a few hundred bytes more), and the time until both followers applied it;
+- trivial-cell latency with many small Python objects held (``--objects``: dicts in one list, which a checksum
+  or write tracking cannot see into: only pickling them can), p50 / p99; a cell that reaches them (``len(objs)``,
+  whose capture fingerprints them); and a trivial cell that arrives while the replica verifies the namespace in
+  the background (1.3 s after the previous cell: the verification starts 1 s after a cell, see
+  ``kernel/replica.py``);
 - a cell creating a 100 MB array, kernels interleaved, with the transparent-huge-page setting and each
   kernel's AnonHugePages reported (THP moves the baseline between runs), and the time the cell's own code took
   in each kernel (so that the platform's part of the reply time shows apart from the allocation's).
@@ -25,7 +30,7 @@ Memory: a NotebookOS kernel holds its state three times (executor + two follower
 disk; at 1 GB that is 4 GB of kernels. ``--max-gb 2`` adds a 2 GB step (8 GB of kernels: run it alone).
 
     .venv/bin/python benchmarks/state_size.py [--cells N] [--max-gb 1|2|4] [--arrays N] [--state numpy|torch]
-        [--memory reuse|fresh]
+        [--memory reuse|fresh] [--objects N,N,...]
 """
 
 from __future__ import annotations
@@ -120,7 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quiet", type=float, default=10.0, help="seconds to let background work (uploads, checkpoints) finish"
     )
+    parser.add_argument(
+        "--objects",
+        default="100000,1000000",
+        help="numbers of small dicts held for the Python-object steps (comma-separated; empty: none)",
+    )
     args = parser.parse_args(argv)
+    object_counts = [int(n) for n in args.objects.split(",") if n.strip()]
     sizes = [0.0, 0.25, 1.0] + [s for s in (2.0, 4.0) if s <= args.max_gb]
     console = Console(width=160)
 
@@ -129,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     arrays: dict[str, list[float]] = {"plain": [], "notebookos": []}
     own: dict[str, list[float]] = {"plain": [], "notebookos": []}  # the 100 MB cell's own code, timed inside it
     huge: dict[str, int] = {}
+    objects: dict[int, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="nbos-state-") as tmp, ExitStack() as stack:
         console.print(f"starting the platform in {tmp} ...")
         env = {"EG_INHERITED_ENVS": ",".join(REUSE_MEMORY), **REUSE_MEMORY} if args.memory == "reuse" else None
@@ -180,6 +192,23 @@ def main(argv: list[str] | None = None) -> int:
                     changes.append(took)
 
         run_both(kernels, "state.clear()", client)
+        for count in object_counts:
+            took = run_both(kernels, f"objs = [{{'a': i, 'b': str(i)}} for i in range({count})]", client)
+            console.print(
+                f"{count} small dicts held: creating them took {took['plain']:.1f} s plain, "
+                f"{took['notebookos']:.1f} s NotebookOS, followers applied {took['applied']:.1f} s after the reply"
+            )
+            interleaved_latency(kernels, args.cells, 10)
+            step: dict[str, list[float]] = {label: list(k.latencies) for label, k in kernels.items()}
+            for _ in range(3):
+                for label, took_s in run_both(kernels, "len(objs)", client).items():
+                    step.setdefault(f"reach {label}", []).append(took_s)
+                for label, kernel in kernels.items():
+                    time.sleep(1.3)
+                    step.setdefault(f"idle {label}", []).append(kernel.run("pass", timeout=600))
+            objects[count] = step
+        if object_counts:
+            run_both(kernels, "del objs", client)
         os.sync()
         # The 100 MB array cell, kernels interleaved (as benchmarks/replicated_kernel.py: each NotebookOS cell's
         # followers apply it before the next cell, so their work does not land in the next reply on this
@@ -198,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             pid = int(kernel.conn.execute("print(os.getpid())", 30).stdout.strip())
             huge[label] = anon_huge_kb(pid)
 
-    report(console, trivial, changes, arrays, own, huge, methods, args.state)
+    report(console, trivial, changes, arrays, own, huge, methods, args.state, objects)
     leftovers = processes_of(Path(tmp) / "state")
     if leftovers:
         console.print(f"[red]left-over processes: {[p.pid for p in leftovers]}[/red]")
@@ -215,6 +244,7 @@ def report(
     huge: dict[str, int],
     methods: list[str],
     state: str = "numpy",
+    objects: dict[int, dict[str, list[float]]] | None = None,
 ) -> None:
     ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
     table = Table(
@@ -256,6 +286,28 @@ def report(
             "",
             f"{ms(statistics.median(applied))} median, {ms(max(applied))} max",
             "",
+            "",
+        )
+    for count, step in (objects or {}).items():
+        p50, n50 = statistics.median(step["plain"]), statistics.median(step["notebookos"])
+        p99, n99 = percentile(step["plain"], 0.99), percentile(step["notebookos"], 0.99)
+        table.add_row(
+            f"trivial cell, {count} small dicts held: p50 / p99 ({len(step['plain'])} cells)",
+            f"{ms(p50)} / {ms(p99)}",
+            f"{ms(n50)} / {ms(n99)}",
+            f"+{(n50 - p50) * 1e3:.1f} ms at p50",
+            "<= +5 ms",
+        )
+        pr, nr = statistics.median(step["reach plain"]), statistics.median(step["reach notebookos"])
+        table.add_row(
+            "  a cell that reaches them, len(objs) (median of 3)", ms(pr), ms(nr), f"+{(nr - pr) * 1e3:.1f} ms", ""
+        )
+        pi, ni = statistics.median(step["idle plain"]), statistics.median(step["idle notebookos"])
+        table.add_row(
+            "  trivial cell during the idle verification (median of 3)",
+            ms(pi),
+            ms(ni),
+            f"+{(ni - pi) * 1e3:.1f} ms",
             "",
         )
     if arrays["plain"]:

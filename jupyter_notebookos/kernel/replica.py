@@ -390,13 +390,17 @@ class ReplicaKernel(IPythonKernel):
             sys.setswitchinterval(previous)
         took = time.perf_counter() - started
         log.debug("namespace verification %s in %.1f ms", "done" if done else "stopped", took * 1e3)
-        if done and again and not abort.is_set():
-            assert self.io_loop is not None
-            self.io_loop.add_callback(self._verified, max(VERIFY_PERIOD_S, 20 * took))
+        again = again and done and not abort.is_set()
+        assert self.io_loop is not None
+        self.io_loop.add_callback(self._verified, abort, max(VERIFY_PERIOD_S, 20 * took) if again else None)
 
-    def _verified(self, next_in: float) -> None:
+    def _verified(self, abort: threading.Event, next_in: float | None) -> None:
+        """A verification thread ended (the loop): look again in ``next_in`` seconds, if given."""
+        if self._verifying is None or self._verifying[1] is not abort:
+            return  # stopped meanwhile (_stop_verify): what comes next is up to what stopped it
         self._verifying = None
-        self._schedule_verify(next_in)
+        if next_in is not None:
+            self._schedule_verify(next_in)
 
     def _stop_verify(self) -> None:
         """Stop a running verification and wait for it (it stops at the next object it pickles)."""

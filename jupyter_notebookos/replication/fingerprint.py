@@ -13,6 +13,7 @@ buffers it holds, and whether it holds a large buffer that only a checksum can c
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import hashlib
 import sys
@@ -118,6 +119,10 @@ class FingerprintAborted(Exception):
     """:func:`fingerprint` was asked to stop (its ``abort`` event was set)."""
 
 
+_LRU_WRAPPER = type(functools.lru_cache(lambda: None))
+_SUSPENDED = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
+
+
 class _Sink:
     """Where a fingerprint's pickler writes: the stream's digest, taken a frame (64 KiB) at a time. The pickler
     calls :meth:`write` every few milliseconds also where no object of its own reduces (a list of a million
@@ -147,6 +152,10 @@ class _Pickler(NamespacePickler):
     def reducer_override(self, obj: Any) -> Any:
         if self.abort is not None and self.abort.is_set():
             raise FingerprintAborted()
+        if type(obj) is _LRU_WRAPPER:  # pickled by reference: its function's code would go unnoticed
+            wrapped = obj.__wrapped__
+            if isinstance(wrapped, types.FunctionType) and wrapped.__globals__ is self.namespace:
+                self.codes.append(wrapped.__code__)
         return super().reducer_override(obj)
 
     def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
@@ -267,8 +276,14 @@ def referents_reach(value: Any, namespace: Mapping[str, Any], limit: int = REFER
             if obj.__globals__ is not namespace:
                 continue
             codes.append(obj.__code__)
+        elif isinstance(obj, _SUSPENDED):  # a generator or coroutine of the notebook's: its code goes on later
+            frame = getattr(obj, "gi_frame", None) or getattr(obj, "cr_frame", None) or getattr(obj, "ag_frame", None)
+            if frame is not None and frame.f_globals is namespace:
+                codes.append(frame.f_code)
         elif isinstance(obj, type) and obj.__module__ != main:
             continue
+        elif isinstance(obj, _LRU_WRAPPER):
+            stack.append(obj.__wrapped__)
         stack.extend(gc.get_referents(obj))
     return _reach.union(_reach.code_reach(code) for code in codes)
 

@@ -12,20 +12,29 @@ The rule. After a cell, the delta is every user name ``n`` such that
    protocol-5 buffer (numpy arrays) is not copied but stands as its write-tracking version token (large
    buffers, see below) or a fast checksum of its bytes (fingerprint.py).
    This is what sees mutation through called functions (``lst.append`` inside a helper, ``optimizer.step()``),
-   ``exec``, magics and star imports, which syntax cannot; or
+   ``exec``, magics and star imports, which syntax cannot. Which values are fingerprinted again is below
+   ("Cost"); or
 3. ``n`` shares a mutable object with a name selected by 1 or 2 (``a is b``, or ``c = a[0]``, or an
-   optimizer holding a model's parameters): all of these are serialized in one pickle, so the replica ends
-   up with the same sharing as the executor. Sharing is read from the pickler's memo while fingerprinting.
+   optimizer holding a model's parameters, or a numpy view and its base): all of these are serialized in one
+   pickle, so the replica ends up with the same sharing as the executor. Sharing is read from the pickler's
+   memo while fingerprinting, and kept, for names not fingerprinted again, from when they last were.
 
 Names that belong to IPython (``In``, ``Out``, ``_``, ``__``, ``___``, ``_i``, ``_i<N>``, ``_<N>``, ``_oh``,
 ``_dh``, ``_ih``, ``exit``, ``quit``, ``get_ipython``, dunder names, and whatever the shell lists in
 ``user_ns_hidden`` while it still holds the shell's own object) are never part of a delta.
 
-Cost. One fingerprint pass over the whole namespace per cell, in ``after_cell``; the pass also becomes the
-next cell's baseline (so changes made between cells, by a background thread or a comm callback, are caught
-in the next delta). Immutable atoms (numbers, str, bytes, None) and modules cost an ``id()``; everything
-else costs one pickling, with its large buffers out of band. What a large buffer costs depends on the
-replica's *change detection method* (:attr:`StateTracker.method`):
+Cost. ``after_cell`` compares every name's identity and type with the baseline (nanoseconds a name), and
+fingerprints again only: the names the cell can reach (its code's names and, through the notebook functions and
+methods reachable from their values, theirs: reach.py), new and rebound names, names the syntax assigns into,
+names holding a tracked buffer the kernel saw written or a large buffer only a checksum can check, names a
+record changed, and names :meth:`StateTracker.verify` found changed. Where code can reach names without
+spelling them (``globals()``, ``eval``...: reach.py), it fingerprints every name. The others keep their
+fingerprint; together they become the next cell's baseline. What changed a value no cell reached (a library's
+own reference to it, a thread, a comm callback) is found by :meth:`StateTracker.verify`, which the replica runs
+in a thread while the kernel idles, and goes out with the next delta. Immutable atoms (numbers, str, bytes,
+None) and modules cost an ``id()``; every other value fingerprinted costs one pickling, with its large buffers
+out of band. What a large buffer costs depends on the replica's *change detection method*
+(:attr:`StateTracker.method`):
 
 - ``userfaultfd-wp+pagemap-scan`` (primary, Linux 6.7+): buffers of at least ``track_min_bytes`` are
   write-protected through a userfaultfd in asynchronous mode, and one ``PAGEMAP_SCAN`` ioctl per buffer at
@@ -64,6 +73,8 @@ Limits (documented, not silently wrong where we can help it):
   resized) are re-sent more often than needed; that costs bytes, never correctness.
 - A checksum misses a random change with probability 2**-128 per 4 MiB chunk of an array.
 - ``madvise(MADV_DONTNEED)`` on a write-tracked buffer (which zeroes it without writing) is not seen.
+- A value changed in place by something the cell does not reach (see Cost) goes out with a later delta, once
+  the idle verification has seen it; until then a failover loses that change.
 """
 
 from __future__ import annotations

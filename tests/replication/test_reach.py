@@ -115,6 +115,17 @@ def test_an_unpicklable_value_reaches_the_notebook_code_it_holds(notebook):
     assert referents_reach(lock_holder, notebook.ns) == frozenset()
 
 
+def test_generators_and_cached_functions_reach_what_their_code_mentions(notebook):
+    notebook.run(
+        "import functools\n"
+        "@functools.lru_cache\ndef cached(n):\n    data.append(n)\n    return n\n"
+        "def produce():\n    while True:\n        untouched['a'].append(0)\n        yield\n"
+        "gen = produce()"
+    )
+    assert set(notebook.run("cached(3)").values) == {"data"}
+    assert set(notebook.run("next(gen)").values) == {"untouched"}  # (gen cannot be pickled)
+
+
 def test_what_a_library_changes_through_its_own_reference_is_caught_by_the_idle_verification(notebook, monkeypatch):
     library = types.ModuleType("some_library")
     exec("cache = []\ndef remember(x):\n    cache.append(x)\n", library.__dict__)
