@@ -116,7 +116,10 @@ def _shareable(obj: Any, namespace: Mapping[str, Any]) -> bool:
 
 
 class FingerprintAborted(Exception):
-    """:func:`fingerprint` was asked to stop (its ``abort`` event was set)."""
+    """:func:`fingerprint` was asked to stop (its ``abort`` event was set). ``memo`` keeps what the pickler had
+    gathered (see :func:`fingerprint`)."""
+
+    memo: Any = None
 
 
 _LRU_WRAPPER = type(functools.lru_cache(lambda: None))
@@ -226,7 +229,10 @@ def fingerprint(
     pickler = _Pickler(stream, namespace=namespace, buffer_callback=on_buffer, device_to_host=False, abort=abort)
     try:
         pickler.dump(value)
-    except FingerprintAborted:
+    except FingerprintAborted as exc:
+        # Freeing the memo of a large value takes milliseconds (a reference per object), with the GIL held, while
+        # whoever aborted waits: the exception carries it out, for the caller to drop later.
+        exc.memo = pickler
         raise
     except Exception as exc:
         if shared_ids is not None:

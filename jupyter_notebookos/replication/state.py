@@ -356,6 +356,7 @@ class StateTracker:
         self._recheck: set[str] = set()  # names the next capture fingerprints whatever the cell reaches
         self._unverified: set[str] = set()  # names no capture or verification looked at since the last cell
         self.last_scanned = 0  # how many names the last capture fingerprinted
+        self._aborted: Any = None  # what a stopped verification's pickler held (see verify())
         # Names that are IPython's by their spelling alone (``_i42``, ``_42``): IPython adds one or two per
         # cell and never removes them, so after thousands of cells they are most of the namespace. A set
         # lookup rather than a regex match per name and per cell keeps a long session's cells cheap.
@@ -479,6 +480,7 @@ class StateTracker:
         reached the rest anyway (a library that kept a reference, a thread, a comm callback). The replica runs it
         in a thread while the kernel is idle and sets ``abort`` before anything else touches the namespace or
         this tracker: it is not thread-safe with the other methods, and reads the namespace only."""
+        self._aborted = None
         baseline = self._baseline
         if baseline is None:
             return True
@@ -493,7 +495,8 @@ class StateTracker:
                     now = fingerprint(
                         value, self.user_ns, writes=self.writes, untracked_min=self.track_min_bytes, abort=abort
                     )
-                except FingerprintAborted:
+                except FingerprintAborted as exc:
+                    self._aborted = exc.memo  # freed by the next verification, not while a request waits
                     return False
                 except Exception:  # e.g. a comm callback changed a dict while it was pickled: look again
                     self._recheck.add(name)
