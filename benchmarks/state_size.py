@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     arrays: dict[str, list[float]] = {"plain": [], "notebookos": []}
     own: dict[str, list[float]] = {"plain": [], "notebookos": []}  # the 100 MB cell's own code, timed inside it
     huge: dict[str, int] = {}
-    objects: dict[int, dict[str, list[float]]] = {}
+    python_objects: dict[int, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="nbos-state-") as tmp, ExitStack() as stack:
         console.print(f"starting the platform in {tmp} ...")
         env = {"EG_INHERITED_ENVS": ",".join(REUSE_MEMORY), **REUSE_MEMORY} if args.memory == "reuse" else None
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                 for label, kernel in kernels.items():
                     time.sleep(1.3)
                     step.setdefault(f"idle {label}", []).append(kernel.run("pass", timeout=600))
-            objects[count] = step
+            python_objects[count] = step
         if object_counts:
             run_both(kernels, "del objs", client)
         os.sync()
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             pid = int(kernel.conn.execute("print(os.getpid())", 30).stdout.strip())
             huge[label] = anon_huge_kb(pid)
 
-    report(console, trivial, changes, arrays, own, huge, methods, args.state, objects)
+    report(console, trivial, changes, arrays, own, huge, methods, args.state, python_objects)
     leftovers = processes_of(Path(tmp) / "state")
     if leftovers:
         console.print(f"[red]left-over processes: {[p.pid for p in leftovers]}[/red]")

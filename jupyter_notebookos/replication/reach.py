@@ -211,12 +211,12 @@ def _tree_reach(tree: ast.AST) -> frozenset[str] | None:
     return frozenset(names)
 
 
-def cell_reach(source: str) -> frozenset[str] | None:
-    """The global names a cell's code (plain Python, transformed from IPython syntax) mentions, with the
-    names inside the magics it uses; None where the cell can reach any name (see the module docstring), or
+def cell_reach(source: str | ast.Module) -> frozenset[str] | None:
+    """The global names a cell's code (plain Python, transformed from IPython syntax, or its AST) mentions, with
+    the names inside the magics it uses; None where the cell can reach any name (see the module docstring), or
     its source does not parse."""
     try:
-        tree = ast.parse(source)
+        tree = ast.parse(source) if isinstance(source, str) else source
     except (SyntaxError, ValueError):
         return None
     return _tree_reach(tree)

@@ -251,10 +251,10 @@ class _BindingVisitor(ast.NodeVisitor):
     visit_DictComp = _visit_comprehension
 
 
-def cell_bindings(source: str) -> CellBindings:
-    """The global names ``source`` (plain Python, already transformed from IPython syntax) touches."""
+def cell_bindings(source: str | ast.Module) -> CellBindings:
+    """The global names ``source`` (plain Python, already transformed from IPython syntax, or its AST) touches."""
     try:
-        tree = ast.parse(source)
+        tree = ast.parse(source) if isinstance(source, str) else source
     except (SyntaxError, ValueError):
         return CellBindings(frozenset(), parsed=False)
     visitor = _BindingVisitor()
@@ -380,8 +380,12 @@ class StateTracker:
             source = self.transform(code)
         except Exception:
             source = code
-        self._bindings = cell_bindings(source)
-        self._reach = cell_reach(source) if self._bindings.parsed else None
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            self._bindings, self._reach = CellBindings(frozenset(), parsed=False), None
+        else:
+            self._bindings, self._reach = cell_bindings(tree), cell_reach(tree)
         if self._baseline is None:
             self._baseline = self._scan(None, baseline=None).prints
             self._recheck.clear()
@@ -545,6 +549,7 @@ class StateTracker:
         self._baseline = None
         self._recheck.clear()
         self._unverified.clear()
+        self._aborted = None
 
     def _must_scan(self, name: str, value: Any, before: Fingerprint | None, written: set[tuple[int, int]]) -> bool:
         """Whether a capture fingerprints ``name`` whether or not the cell reaches it."""
