@@ -41,7 +41,7 @@ from jupyter_notebookos.kernel.lostchanges import LostChanges
 from jupyter_notebookos.kernel.settings import ReplicaSettings
 from jupyter_notebookos.kernel.statelog import PendingDelta, StateLog, collect_unreferenced, serialize_delta
 from jupyter_notebookos.replication.protocol import FIRST_SEQ, METADATA_KEY, CellDirective, LogRecord
-from jupyter_notebookos.replication.serialization import UnreplicatedValue
+from jupyter_notebookos.replication.serialization import SerializationAborted, UnreplicatedValue
 from jupyter_notebookos.replication.state import StateTracker
 from jupyter_notebookos.waiting import wait_event
 
@@ -98,6 +98,18 @@ def _sigint_noted(then: Callable[[], Any] | None = None) -> Iterator[Callable[[]
         signal.signal(signal.SIGINT, previous)
 
 
+@contextlib.contextmanager
+def _quick_gil_handoff() -> Iterator[None]:
+    """While a thread pickles the namespace for the kernel, a request that arrives gets the GIL within 0.5 ms,
+    not Python's default 5 ms (the switch interval is the process's)."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(min(previous, 0.0005))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
+
+
 def _log_failure(what: str) -> Any:
     def check(future: concurrent.futures.Future[Any]) -> None:
         exc = future.exception()
@@ -140,6 +152,7 @@ class ReplicaKernel(IPythonKernel):
     statelog: StateLog
     gpus: GpuBinding
     tracker: StateTracker
+    _checkpoint_abort: threading.Event | None = None  # stops the checkpoint being pickled, if any
 
     def attach(self, settings: ReplicaSettings, agent: ReplicaAgent, statelog: StateLog) -> None:
         """Give the kernel its settings, etcd agent and state log (before the loop starts)."""
@@ -173,6 +186,7 @@ class ReplicaKernel(IPythonKernel):
         self._next_checkpoint_check = FIRST_SEQ
         self._checkpoint_retry: object | None = None  # the timer of a put-off checkpoint's next look
         self._own_seq = FIRST_SEQ - 1  # the last record this replica published as the executor
+        self._checkpointing: asyncio.Future[PendingDelta] | None = None
         self._verify_timer: object | None = None
         self._verifying: tuple[threading.Thread, threading.Event] | None = None
         for kind in ("comm_open", "comm_msg", "comm_close"):
@@ -378,16 +392,13 @@ class ReplicaKernel(IPythonKernel):
     def _verify(self, abort: threading.Event, again: bool) -> None:
         """The verification thread. The GIL passes to the kernel's loop within 0.5 ms of a request arriving
         (instead of Python's default 5 ms) while it runs; the loop then stops it (_quiesce)."""
-        previous = sys.getswitchinterval()
-        sys.setswitchinterval(min(previous, 0.0005))
         started = time.perf_counter()
         try:
-            done = self.tracker.verify(abort)
+            with _quick_gil_handoff():
+                done = self.tracker.verify(abort)
         except Exception:
             log.exception("verifying the namespace failed")
             done = False
-        finally:
-            sys.setswitchinterval(previous)
         took = time.perf_counter() - started
         log.debug("namespace verification %s in %.1f ms", "done" if done else "stopped", took * 1e3)
         again = again and done and not abort.is_set()
@@ -643,9 +654,30 @@ class ReplicaKernel(IPythonKernel):
                 assert self.io_loop is not None
                 self._checkpoint_retry = self.io_loop.call_later(wait, self._checkpoint_again, wait)
             return
-        pending = statelog.serialize_checkpoint(
-            self.namespace, self.tracker.user_names(), self.settings.buffer_threshold
+        # Pickled in a thread that the next request stops (schedule_dispatch), unless the log has grown to four
+        # times the interval: a notebook holding a million small objects takes most of a second here, and its
+        # user's next cell would wait for it. Nothing else changes the namespace meanwhile: requests, records and
+        # comm messages are dispatched one at a time, after this; an eviction waits (evict_request).
+        abort = None if seq - self._checkpoint_seq >= 4 * every else threading.Event()
+        if abort is not None and not self.msg_queue.empty():
+            abort.set()  # a request came while this looked up what the checkpoint may delete
+        loop = asyncio.get_running_loop()
+        names, threshold = self.tracker.user_names(), self.settings.buffer_threshold
+        self._checkpoint_abort = abort
+        self._checkpointing = loop.run_in_executor(
+            None, partial(statelog.serialize_checkpoint, self.namespace, names, threshold, abort)
         )
+        try:
+            with _quick_gil_handoff():
+                pending = await self._checkpointing
+        except SerializationAborted:
+            log.info("checkpoint at seq %d put off: a request came while the namespace was pickled", seq)
+            if self._checkpoint_retry is None:
+                assert self.io_loop is not None
+                self._checkpoint_retry = self.io_loop.call_later(CHECKPOINT_RETRY_S, self._checkpoint_again, 0.0)
+            return
+        finally:
+            self._checkpoint_abort = None
         uploaded: concurrent.futures.Future[None] = concurrent.futures.Future()
 
         async def commit() -> bool:
@@ -686,6 +718,12 @@ class ReplicaKernel(IPythonKernel):
         self._checkpoint_retry = None
         if self.applied == self._own_seq:
             self.schedule_dispatch(partial(self._maybe_checkpoint, again=waited), self.applied)
+
+    def schedule_dispatch(self, dispatch: Callable[..., Any], *args: Any) -> None:
+        """A shell message stops a checkpoint's pickling (it is tried again later): the request comes first."""
+        if self._checkpoint_abort is not None and dispatch == self.dispatch_shell:
+            self._checkpoint_abort.set()
+        super().schedule_dispatch(dispatch, *args)
 
     def _reply_error(self, stream: Any, ident: Any, parent: dict[str, Any], ename: str, evalue: str) -> None:
         content = {"status": "error", "ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
@@ -829,6 +867,12 @@ class ReplicaKernel(IPythonKernel):
 
         def evict() -> None:
             self._stop_verify()  # the state moves: the verification must not pickle it meanwhile
+            checkpointing = self._checkpointing
+            if checkpointing is not None and not checkpointing.done():  # nor a checkpoint: after it, then
+                if self._checkpoint_abort is not None:
+                    self._checkpoint_abort.set()
+                checkpointing.add_done_callback(lambda _: evict())
+                return
             try:
                 devices = self.gpus.resident
                 result = self.gpus.evict(self.namespace)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import logging
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,8 +174,11 @@ class StateLog:
     # -- checkpoints ----------------------------------------------------------------------------------
 
     @staticmethod
-    def serialize_checkpoint(ns: dict[str, Any], names: Iterable[str], threshold: int) -> PendingDelta:
-        """Pickle the namespace's ``names`` with large buffers as views (upload with finish_checkpoint)."""
+    def serialize_checkpoint(
+        ns: dict[str, Any], names: Iterable[str], threshold: int, abort: threading.Event | None = None
+    ) -> PendingDelta:
+        """Pickle the namespace's ``names`` with large buffers as views (upload with finish_checkpoint). Setting
+        ``abort`` (from another thread) stops it with SerializationAborted."""
         store = _DeferredStore()
         record = encode_values(
             {n: ns[n] for n in names if n in ns},
@@ -182,6 +186,7 @@ class StateLog:
             store=store,  # type: ignore[arg-type]
             kind="checkpoint",
             threshold=threshold,
+            abort=abort,
         )
         return PendingDelta(record, store.views, sorted(record.bound), [])
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from jupyter_notebookos.replication import reach as _reach
 from jupyter_notebookos.replication.digest import buffer_checksum
-from jupyter_notebookos.replication.serialization import NamespacePickler
+from jupyter_notebookos.replication.serialization import AbortableWriter, NamespacePickler, SerializationAborted
 from jupyter_notebookos.replication.writetrack import PageWriteTracker, buffer_address
 
 # Values of these types never change in place: comparing id() and type is enough.
@@ -115,46 +115,22 @@ def _shareable(obj: Any, namespace: Mapping[str, Any]) -> bool:
     return True
 
 
-class FingerprintAborted(Exception):
-    """:func:`fingerprint` was asked to stop (its ``abort`` event was set). ``memo`` keeps what the pickler had
-    gathered (see :func:`fingerprint`)."""
-
-    memo: Any = None
+#: :func:`fingerprint` was asked to stop (its ``abort`` event was set).
+FingerprintAborted = SerializationAborted
 
 
 _LRU_WRAPPER = type(functools.lru_cache(lambda: None))
 _SUSPENDED = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
 
 
-class _Sink:
-    """Where a fingerprint's pickler writes: the stream's digest, taken a frame (64 KiB) at a time. The pickler
-    calls :meth:`write` every few milliseconds also where no object of its own reduces (a list of a million
-    dicts): there an abort is seen, and another thread can take the GIL."""
-
-    __slots__ = ("abort", "digest")
-
-    def __init__(self, abort: threading.Event | None):
-        self.abort = abort
-        self.digest = hashlib.blake2b(digest_size=16)
-
-    def write(self, data: Any) -> int:
-        if self.abort is not None and self.abort.is_set():
-            raise FingerprintAborted()
-        self.digest.update(data)
-        return len(data)
-
-
 class _Pickler(NamespacePickler):
     """The records' pickler, noting the notebook code it meets, and stopping when asked to."""
 
-    def __init__(self, *args: Any, abort: threading.Event | None, **kwargs: Any):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.abort = abort
         self.codes: list[types.CodeType] = []
 
     def reducer_override(self, obj: Any) -> Any:
-        if self.abort is not None and self.abort.is_set():
-            raise FingerprintAborted()
         if type(obj) is _LRU_WRAPPER:  # pickled by reference: its function's code would go unnoticed
             wrapped = obj.__wrapped__
             if isinstance(wrapped, types.FunctionType) and wrapped.__globals__ is self.namespace:
@@ -225,8 +201,9 @@ def fingerprint(
             untracked = untracked or (untracked_min is not None and raw.nbytes >= untracked_min)
         return False
 
-    stream = _Sink(abort)
-    pickler = _Pickler(stream, namespace=namespace, buffer_callback=on_buffer, device_to_host=False, abort=abort)
+    stream = hashlib.blake2b(digest_size=16)  # the pickle stream's digest, taken a frame at a time
+    file = AbortableWriter(abort, stream.update)
+    pickler = _Pickler(file, namespace=namespace, buffer_callback=on_buffer, device_to_host=False, abort=abort)
     try:
         pickler.dump(value)
     except FingerprintAborted as exc:
@@ -256,11 +233,11 @@ def fingerprint(
             keep.append(memo)
     kept = {"reach": reach, "buffers": frozenset(buffers), "untracked": untracked}
     if deferring:
-        return Fingerprint(id(value), t, None, pending=(tuple(parts), stream.digest.digest()), **kept)  # type: ignore[arg-type]
+        return Fingerprint(id(value), t, None, pending=(tuple(parts), stream.digest()), **kept)  # type: ignore[arg-type]
     digest = hashlib.blake2b(digest_size=16)
     for part in parts:
         digest.update(part)
-    digest.update(stream.digest.digest())
+    digest.update(stream.digest())
     return Fingerprint(id(value), t, digest.digest(), **kept)  # type: ignore[arg-type]
 
 

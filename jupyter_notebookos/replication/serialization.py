@@ -36,8 +36,9 @@ import json
 import pickle
 import struct
 import sys
+import threading
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -161,6 +162,31 @@ def _import_module(name: str, submodules: list[str]) -> types.ModuleType:
     return module
 
 
+class SerializationAborted(Exception):
+    """Pickling stopped because its ``abort`` event was set (from another thread)."""
+
+    memo: Any = None  # what the pickler had gathered: freeing it can wait (see fingerprint.fingerprint)
+
+
+class AbortableWriter:
+    """A pickler's file that raises :class:`SerializationAborted` once ``abort`` is set. The C pickler writes a
+    frame (64 KiB) at a time, every few milliseconds also where nothing of its own reduces (a list of a million
+    dicts pickles in one C call): there an abort is seen, and another thread can take the GIL. ``sink`` receives
+    the bytes (a file's ``write``, or a digest's ``update``)."""
+
+    __slots__ = ("abort", "sink")
+
+    def __init__(self, abort: threading.Event | None, sink: Callable[[Any], Any]):
+        self.abort = abort
+        self.sink = sink
+
+    def write(self, data: Any) -> int:
+        if self.abort is not None and self.abort.is_set():
+            raise SerializationAborted()
+        self.sink(data)
+        return len(data)
+
+
 class NamespacePickler(cloudpickle.Pickler):
     """cloudpickle's pickler, with notebook functions bound to the loading replica's own namespace.
 
@@ -179,15 +205,19 @@ class NamespacePickler(cloudpickle.Pickler):
         namespace: Mapping[str, Any],
         buffer_callback: Any = None,
         device_to_host: bool = True,
+        abort: threading.Event | None = None,
     ):
         super().__init__(file, protocol=PROTOCOL, buffer_callback=buffer_callback)
         self.namespace = namespace
+        self.abort = abort  # set from another thread: SerializationAborted at the next object (see AbortableWriter)
         # Host copies of the device storages pickled so far: (data pointer, size, device) -> (storage, copy).
         self._host_copies: dict[tuple[int, int, str], tuple[Any, Any]] | None = {} if device_to_host else None
 
     def reducer_override(self, obj: Any) -> Any:
         """Modules by name with their loaded submodules; torch CPU tensors with their storage out of band (see
         :func:`_reduce_torch`); everything else as cloudpickle does it."""
+        if self.abort is not None and self.abort.is_set():
+            raise SerializationAborted()
         if isinstance(obj, types.ModuleType) and sys.modules.get(obj.__name__) is obj:
             prefix = obj.__name__ + "."
             subs = sorted(k for k, m in list(sys.modules.items()) if k.startswith(prefix) and m is not None)
@@ -423,7 +453,9 @@ def _buffer_entry(entry: Any) -> BufferRef | TrackedBuffer:
         raise RecordFormatError(f"state record header has a damaged buffer entry: {exc}") from exc
 
 
-def _dump(values: list[Any], namespace: Mapping[str, Any], threshold: int) -> tuple[bytes, list[pickle.PickleBuffer]]:
+def _dump(
+    values: list[Any], namespace: Mapping[str, Any], threshold: int, abort: threading.Event | None = None
+) -> tuple[bytes, list[pickle.PickleBuffer]]:
     out_of_band: list[pickle.PickleBuffer] = []
 
     def buffer_callback(buf: pickle.PickleBuffer) -> bool:
@@ -437,7 +469,8 @@ def _dump(values: list[Any], namespace: Mapping[str, Any], threshold: int) -> tu
         return True
 
     stream = io.BytesIO()
-    NamespacePickler(stream, namespace=namespace, buffer_callback=buffer_callback).dump(
+    file = stream if abort is None else AbortableWriter(abort, stream.write)
+    NamespacePickler(file, namespace=namespace, buffer_callback=buffer_callback, abort=abort).dump(
         [_NamespaceRef() if v is namespace else v for v in values]
     )
     return stream.getvalue(), out_of_band
@@ -453,19 +486,23 @@ def encode_values(
     threshold: int = DEFAULT_BUFFER_THRESHOLD,
     unserializable: Mapping[str, str] | None = None,
     lineage: BufferLineage | None = None,
+    abort: threading.Event | None = None,
 ) -> StateRecord:
     """Serialize ``values`` together into a record; large buffers go to ``store``.
 
     ``namespace`` is the namespace the values live in (for notebook functions). A value that cannot be
     pickled does not stop the others: it is left out and named in ``StateRecord.unserializable``. With
     ``lineage``, write-tracked buffers the replicas already hold go as the chunks that changed (chunks.py).
+    Setting ``abort`` (from another thread) makes it raise :class:`SerializationAborted` soon after.
     """
     remaining = dict(values)
     failed: dict[str, str] = dict(unserializable or {})
     while True:
         try:
-            payload, buffers = _dump(list(remaining.values()), namespace, threshold)
+            payload, buffers = _dump(list(remaining.values()), namespace, threshold, abort)
             break
+        except SerializationAborted:
+            raise
         except Exception as exc:
             culprits = {n: r for n, v in remaining.items() if (r := unpicklable_reason(v, namespace)) is not None}
             if not culprits:

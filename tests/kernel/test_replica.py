@@ -265,6 +265,29 @@ def test_a_checkpoint_put_off_for_a_follower_behind_follows_when_it_catches_up(r
     assert log_keys(replicas) == []
 
 
+def test_a_request_stops_a_checkpoint_being_pickled_and_the_checkpoint_follows_later(replicas: ReplicaFactory) -> None:
+    """Pickling a namespace of many small objects for a checkpoint takes long (here about a second); the next
+    request stops it rather than wait for it, and the checkpoint is written once the kernel is idle."""
+    every = {p.ENV_CHECKPOINT_EVERY: "2"}
+    r0 = replicas.start("r0", every)
+    fence = replicas.elect("r0")
+    make = "objs = [{'a': i, 'b': str(i)} for i in range(1_000_000)]"
+    assert r0.execute(make, CellDirective(seq=1, fence=fence), timeout=60).status == "ok"
+    # Record 2 makes the checkpoint due: its pickling starts right after the record is published.
+    assert r0.execute("x = 1", CellDirective(seq=2, fence=fence)).status == "ok"
+    time.sleep(0.3)
+    assert r0.execute("y = 2", CellDirective(seq=3, fence=fence)).status == "ok"
+    wait_for(
+        lambda: "put off: a request came while the namespace was pickled" in r0.log(), 10, "the put-off checkpoint"
+    )
+    key = replicas.keys.checkpoint(replicas.kernel_id)
+    wait_for(lambda: replicas.etcd.get(key), 20, "the checkpoint, once the kernel idles")
+    assert p.CheckpointPointer.from_json(replicas.etcd.get(key).value).seq == 3
+    r1 = replicas.start("r1", every)
+    out = r1.execute("print(len(objs), objs[-1], x, y)").stdout
+    assert out == "1000000 {'a': 999999, 'b': '999999'} 1 2\n"
+
+
 def test_a_cell_holding_the_gil_past_the_lease_ttl_keeps_its_replica_registered(replicas: ReplicaFactory) -> None:
     """A C call that never releases the GIL (here libc's sleep through ctypes.PyDLL) stops the replica's own
     lease renewals; its lease keeper process renews the lease meanwhile, so the replica is not taken for dead."""
