@@ -124,7 +124,7 @@ _SUSPENDED = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType
 
 
 class _Pickler(NamespacePickler):
-    """The records' pickler, noting the notebook code it meets, and stopping when asked to."""
+    """The records' pickler, noting the notebook code it meets (for the fingerprint's ``reach``)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -12,7 +12,8 @@ builtins, measured here).
 tracker collects those while fingerprinting a value, from the same pickler that records use). Both answer None
 where code can reach names without spelling them: ``globals()``, ``vars()``, ``eval``, ``exec``,
 ``__import__``, frames (``sys._getframe().f_globals``), a function's ``__globals__``, IPython's ``user_ns``,
-``get_ipython()`` other than through the magics listed here. The tracker then fingerprints every name, as it
+the string ``"__main__"`` (``sys.modules["__main__"]``), ``get_ipython()`` other than through the magics listed
+here. An attribute named like one of those globals (``model.eval()``) is not dynamic. The tracker then fingerprints every name, as it
 did for every cell before.
 
 What remains out of reach of this analysis (the tracker's idle verification catches it, see state.py):
@@ -23,30 +24,20 @@ threads, and C extensions that look names up in ``__main__``.
 from __future__ import annotations
 
 import ast
+import dis
 import re
 import types
 from collections.abc import Iterable
 
-#: Names and attributes through which code can reach global names it does not spell.
-DYNAMIC_NAMES = frozenset(
-    {
-        "globals",
-        "vars",
-        "eval",
-        "exec",
-        "__import__",
-        "__builtins__",
-        "__main__",
-        "get_ipython",
-        "_getframe",
-        "currentframe",
-        "f_globals",
-        "f_locals",
-        "__globals__",
-        "user_ns",
-        "user_global_ns",
-    }
-)
+#: Global names through which code can reach global names it does not spell (``locals()`` too, in a cell).
+DYNAMIC_NAMES = frozenset({"globals", "vars", "eval", "exec", "__import__", "__builtins__", "__main__", "get_ipython"})
+
+#: Attributes through which code can reach them (``sys._getframe().f_globals``, ``f.__globals__``, IPython's
+#: ``user_ns``). Attribute names that happen to equal a dynamic global (``model.eval()``) are not among them.
+DYNAMIC_ATTRIBUTES = frozenset({"f_globals", "f_locals", "__globals__", "user_ns", "user_global_ns"})
+
+#: A string constant that names the user's module (``sys.modules["__main__"]``).
+MAIN = "__main__"
 
 #: Magics whose argument (line) or body (cell) is Python code run in the namespace: its names count.
 CODE_MAGICS = frozenset({"time", "timeit", "prun", "capture"})
@@ -106,17 +97,29 @@ _MAX_CACHED_CODES = 100_000
 _code_names: dict[types.CodeType, frozenset[str] | None] = {}
 
 
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "STORE_NAME", "DELETE_GLOBAL", "DELETE_NAME"})
+_ATTRIBUTE_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR", "DELETE_ATTR"})
+_UNKNOWN = object()
+
+
 def code_reach(code: types.CodeType) -> frozenset[str] | None:
     """The global names ``code`` (and the code nested in it) can read; None where it can reach any name.
 
-    ``co_names`` holds the global names a code object loads, and also the attribute names it uses, which
-    only makes the answer larger than needed (a name the namespace does not hold is ignored)."""
-    cached = _code_names.get(code, ())
-    if cached != ():
+    Read from its bytecode once (cached per code object): the names its global loads and stores use, and
+    whether it uses a dynamic global, a dynamic attribute or the string ``"__main__"``."""
+    cached = _code_names.get(code, _UNKNOWN)
+    if cached is not _UNKNOWN:
         return cached  # type: ignore[return-value]
-    names: set[str] = set(code.co_names)
+    names: set[str] = set()
     answer: frozenset[str] | None = None
-    if names.isdisjoint(DYNAMIC_NAMES):
+    dynamic = MAIN in code.co_consts
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in _GLOBAL_OPS:
+            names.add(instruction.argval)
+            dynamic = dynamic or instruction.argval in DYNAMIC_NAMES
+        elif instruction.opname in _ATTRIBUTE_OPS:
+            dynamic = dynamic or instruction.argval in DYNAMIC_ATTRIBUTES
+    if not dynamic:
         for const in code.co_consts:
             if isinstance(const, types.CodeType):
                 nested = code_reach(const)
@@ -187,7 +190,7 @@ def _text_reach(text: str) -> frozenset[str] | None:
         return _tree_reach(ast.parse(text))
     except (SyntaxError, ValueError):
         names = frozenset(_IDENTIFIER.findall(text))
-        return None if not names.isdisjoint(DYNAMIC_NAMES) or "locals" in names else names
+        return None if not names.isdisjoint(DYNAMIC_NAMES | DYNAMIC_ATTRIBUTES) or "locals" in names else names
 
 
 def _tree_reach(tree: ast.AST) -> frozenset[str] | None:
@@ -206,7 +209,9 @@ def _tree_reach(tree: ast.AST) -> frozenset[str] | None:
             if (node.id in DYNAMIC_NAMES or node.id == "locals") and id(node) not in magics:
                 return None  # (``locals()`` in a cell is the namespace)
             names.add(node.id)
-        elif isinstance(node, ast.Attribute) and node.attr in DYNAMIC_NAMES:
+        elif (isinstance(node, ast.Attribute) and node.attr in DYNAMIC_ATTRIBUTES) or (
+            isinstance(node, ast.Constant) and node.value == MAIN
+        ):
             return None
     return frozenset(names)
 
@@ -222,4 +227,4 @@ def cell_reach(source: str | ast.Module) -> frozenset[str] | None:
     return _tree_reach(tree)
 
 
-__all__ = ["CODE_MAGICS", "DYNAMIC_NAMES", "SAFE_MAGICS", "cell_reach", "code_reach", "union"]
+__all__ = ["CODE_MAGICS", "DYNAMIC_ATTRIBUTES", "DYNAMIC_NAMES", "SAFE_MAGICS", "cell_reach", "code_reach", "union"]

@@ -11,7 +11,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 from replication_harness import Executor
 
 from jupyter_notebookos.replication.fingerprint import FingerprintAborted, fingerprint, referents_reach
-from jupyter_notebookos.replication.reach import cell_reach
+from jupyter_notebookos.replication.reach import cell_reach, code_reach
 
 _transform = TransformerManager().transform_cell
 
@@ -30,6 +30,7 @@ _transform = TransformerManager().transform_cell
         ("files = !ls", {"files"}),
         ("lst?", set()),
         ("%who", set()),
+        ("model.eval()\nout = model.exec_batch(x)", {"model", "out", "x"}),  # attributes named like builtins
     ],
 )
 def test_the_names_a_cell_reaches(cell, expected):
@@ -51,6 +52,8 @@ def test_the_names_a_cell_reaches(cell, expected):
         "%run script.py",
         "%store -r x",
         "def f():\n    return globals()\n",
+        "import sys\nsys.modules['__main__'].x",
+        "def f():\n    return sys.modules['__main__']\n",
         "x = (",  # does not parse
     ],
 )
@@ -104,6 +107,22 @@ def test_a_change_through_whatever_the_cell_reaches_is_in_its_delta(notebook, ce
     delta = notebook.run(cell)
     assert set(delta.values) == changed, delta.why
     assert notebook.tracker.last_scanned < 10 or "globals" in cell
+
+
+def test_the_names_a_notebook_function_reaches_come_from_its_bytecode():
+    namespace: dict = {}
+    exec(
+        "def train(model, xs):\n"
+        "    model.eval()\n"  # an attribute named like a builtin: not dynamic
+        "    for x in xs:\n"
+        "        history.append(loss_fn(model(x)))\n"
+        "    def inner():\n        return config\n"
+        "    return inner\n"
+        "def peek():\n    import sys\n    return sys._getframe().f_back.f_globals\n",
+        namespace,
+    )
+    assert code_reach(namespace["train"].__code__) == {"history", "loss_fn", "config"}
+    assert code_reach(namespace["peek"].__code__) is None
 
 
 def test_an_unpicklable_value_reaches_the_notebook_code_it_holds(notebook):
