@@ -400,6 +400,30 @@ def test_a_change_no_cell_reaches_is_found_while_the_kernel_idles_and_goes_out_w
     assert r1.execute("print(late)").stdout == "['written while idle']\n"
 
 
+def test_what_a_comm_callback_changes_goes_out_with_the_next_cell(replicas: ReplicaFactory) -> None:
+    """A widget's callback runs between cells and may change any value: the replica verifies the namespace after
+    a comm message, so the next cell's record carries the change although that cell does not mention it."""
+    r0 = replicas.start("r0")
+    r1 = replicas.start("r1")
+    fence = replicas.elect("r0")
+    setup = (
+        "seen = []\n"
+        "def _on_open(comm, msg):\n    seen.append(msg['content']['data']['v'])\n"
+        "get_ipython().kernel.comm_manager.register_target('probe', _on_open)"
+    )
+    assert r0.execute(setup, CellDirective(1, fence)).status == "ok"
+    time.sleep(2.0)  # the verification after the cell has run: the next one follows the comm message
+    client = r0.client
+    assert client is not None
+    opened = client.session.msg("comm_open", {"comm_id": "c1", "target_name": "probe", "data": {"v": 42}})
+    client.shell_channel.send(opened)
+    time.sleep(1.0 + 1.5)  # the idle delay, the verification
+    cell = r0.execute("x = 1", CellDirective(2, fence))
+    assert cell.status == "ok" and cell.meta["changed"] == ["seen", "x"], cell.meta
+    replicas.wait_applied("r1", 2)
+    assert r1.execute("print(seen)").stdout == "[42]\n"
+
+
 def test_interrupt_reaches_user_code_and_the_cell_still_publishes(replicas: ReplicaFactory) -> None:
     r0 = replicas.start("r0")
     fence = replicas.elect("r0")
