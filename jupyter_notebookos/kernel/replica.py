@@ -401,6 +401,11 @@ class ReplicaKernel(IPythonKernel):
             done = False
         took = time.perf_counter() - started
         log.debug("namespace verification %s in %.1f ms", "done" if done else "stopped", took * 1e3)
+        if self.tracker.found:
+            log.info(
+                "verification: %s changed where no cell reached; the next cell's record sends them",
+                ", ".join(sorted(self.tracker.found)),
+            )
         again = again and done and not abort.is_set()
         assert self.io_loop is not None
         self.io_loop.add_callback(self._verified, abort, max(VERIFY_PERIOD_S, 20 * took) if again else None)

@@ -13,8 +13,8 @@ tracker collects those while fingerprinting a value, from the same pickler that 
 where code can reach names without spelling them: ``globals()``, ``vars()``, ``eval``, ``exec``,
 ``__import__``, frames (``sys._getframe().f_globals``), a function's ``__globals__``, IPython's ``user_ns``,
 the string ``"__main__"`` (``sys.modules["__main__"]``), ``get_ipython()`` other than through the magics listed
-here. An attribute named like one of those globals (``model.eval()``) is not dynamic. The tracker then fingerprints every name, as it
-did for every cell before.
+here. An attribute named like one of those globals (``model.eval()``) is not dynamic. The tracker then
+fingerprints every name, as it did for every cell before.
 
 What remains out of reach of this analysis (the tracker's idle verification catches it, see state.py):
 references that library code keeps to the user's values (a callback registry, a cache) and changes later,

@@ -357,6 +357,7 @@ class StateTracker:
         self._unverified: set[str] = set()  # names no capture or verification looked at since the last cell
         self.last_scanned = 0  # how many names the last capture fingerprinted
         self._aborted: Any = None  # what a stopped verification's pickler held (see verify())
+        self.found: list[str] = []  # the names the last verify() found changed
         # Names that are IPython's by their spelling alone (``_i42``, ``_42``): IPython adds one or two per
         # cell and never removes them, so after thousands of cells they are most of the namespace. A set
         # lookup rather than a regex match per name and per cell keeps a long session's cells cheap.
@@ -485,6 +486,7 @@ class StateTracker:
         in a thread while the kernel is idle and sets ``abort`` before anything else touches the namespace or
         this tracker: it is not thread-safe with the other methods, and reads the namespace only."""
         self._aborted = None
+        self.found = []
         baseline = self._baseline
         if baseline is None:
             return True
@@ -494,6 +496,7 @@ class StateTracker:
                 pass  # gone (the next capture sees that), or new since the last capture (it fingerprints it)
             elif (before.oid, before.type) != (id(value), type(value)):
                 self._recheck.add(name)
+                self.found.append(name)
             elif before.digest is not None or before.error is not None:
                 try:
                     now = fingerprint(
@@ -507,6 +510,7 @@ class StateTracker:
                 else:
                     if now.pending is not None or not now.same_as(before):
                         self._recheck.add(name)
+                        self.found.append(name)
             self._unverified.discard(name)
             if abort is not None and abort.is_set():
                 return not self._unverified

@@ -393,7 +393,7 @@ def test_a_change_no_cell_reaches_is_found_while_the_kernel_idles_and_goes_out_w
         CellDirective(1, fence),
     )
     assert cell.status == "ok", cell.reply["content"]
-    time.sleep(0.3 + 1.0 + 1.5)  # the timer, the idle delay, the verification
+    wait_for(lambda: "verification: late changed" in r0.log(), 15, "the idle verification")
     cell = r0.execute("x = 1", CellDirective(2, fence))
     assert cell.status == "ok" and cell.meta["changed"] == ["late", "x"], cell.meta
     replicas.wait_applied("r1", 2)
@@ -417,7 +417,7 @@ def test_what_a_comm_callback_changes_goes_out_with_the_next_cell(replicas: Repl
     assert client is not None
     opened = client.session.msg("comm_open", {"comm_id": "c1", "target_name": "probe", "data": {"v": 42}})
     client.shell_channel.send(opened)
-    time.sleep(1.0 + 1.5)  # the idle delay, the verification
+    wait_for(lambda: "verification: seen changed" in r0.log(), 15, "the verification after the comm message")
     cell = r0.execute("x = 1", CellDirective(2, fence))
     assert cell.status == "ok" and cell.meta["changed"] == ["seen", "x"], cell.meta
     replicas.wait_applied("r1", 2)
