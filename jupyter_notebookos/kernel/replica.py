@@ -375,9 +375,9 @@ class ReplicaKernel(IPythonKernel):
         self._verify_timer = None
         if self._cell is not None or self._verifying is not None or self._needs_resync:
             return
-        uploading = self._uploading
-        if uploading is not None and not uploading.done():
-            self._schedule_verify()  # the upload reads the same objects; it is the newer news
+        uploading, checkpointing = self._uploading, self._checkpointing
+        if (uploading is not None and not uploading.done()) or (checkpointing is not None and not checkpointing.done()):
+            self._schedule_verify()  # a checkpoint or an upload reads the same objects: after it
             return
         again = self.applied == self._own_seq  # the executor of the last cell watches for threads' writes
         if not self.tracker.unverified:

@@ -354,7 +354,7 @@ class StateTracker:
         self._bindings = CellBindings(frozenset(), parsed=False)
         self._reach: frozenset[str] | None = None  # the names the cell's code mentions (None: any name)
         self._recheck: set[str] = set()  # names the next capture fingerprints whatever the cell reaches
-        self._unverified: set[str] = set()  # names no capture or verification looked at since the last cell
+        self._unverified: set[str] = set()  # names verify() has yet to fingerprint since the last capture
         self.last_scanned = 0  # how many names the last capture fingerprinted
         self._aborted: Any = None  # what a stopped verification's pickler held (see verify())
         self.found: list[str] = []  # the names the last verify() found changed
