@@ -401,7 +401,7 @@ class StateTracker:
         written: set[tuple[int, int]] = set()
         if self.writes is not None:
             self.writes.scan()  # bumps the version token of every tracked buffer written since the last scan
-            written = self.writes.written
+            written = self.writes.take_written()  # (also those a scan in refresh() found since the last capture)
         baseline = self._baseline if self._baseline is not None else {}
         scan = self._scan(self._reach if self._baseline is not None else None, baseline=baseline, written=written)
         why: dict[str, str] = {}

@@ -273,7 +273,7 @@ class PageWriteTracker:
         self._lock = threading.Lock()
         self._tracked: dict[tuple[int, int], _Tracked] = {}
         self._unneeded: list[tuple[int, int]] = []  # spans of buffers pruned, not yet released (see prune)
-        self.written: set[tuple[int, int]] = set()  # the buffers the last scan found written
+        self._written: set[tuple[int, int]] = set()  # the buffers scans found written, until take_written()
         # Changed in place only: the finalizer holds these two, not the tracker.
         weakref.finalize(self, _orphan, channel, self._tracked, self._unneeded)
         self._regions = (_PageRegion * _REGIONS)()
@@ -373,7 +373,7 @@ class PageWriteTracker:
 
     def scan(self) -> int:
         """Look at every tracked buffer: bump the generation of each one written since the last scan.
-        Returns how many were written; their ``(address, size)`` are in :attr:`written` until the next scan.
+        Returns how many were written; their ``(address, size)`` are kept for :meth:`take_written`.
 
         Overlapping buffers (an array and a view of it) share pages, and a scan re-protects what it finds:
         so the union of their page spans is scanned once and what is found is given to each of them."""
@@ -416,8 +416,15 @@ class PageWriteTracker:
                         tracked.generation = next(_generations)
                         tracked.dirty.extend(mine)
                         written.add(key)
-            self.written = written
+            self._written |= written
         return len(written)
+
+    def take_written(self) -> set[tuple[int, int]]:
+        """The ``(address, size)`` of the buffers the scans since the last call found written, and forget them.
+        (Whoever scans in between, such as a record applied on this replica, does not take them away.)"""
+        with self._lock:
+            written, self._written = self._written, set()
+        return written
 
     def take_dirty(self, view: memoryview) -> list[tuple[int, int]] | None:
         """The byte spans of ``view`` seen written since the last call (merged, sorted), and forget them;

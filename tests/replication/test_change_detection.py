@@ -101,6 +101,19 @@ def test_a_thread_writing_while_no_cell_runs_is_caught_by_the_next_cell(detector
     _same_arrays(detector, replica)
 
 
+def test_a_write_found_by_a_records_scan_still_reaches_the_next_capture(detector, replica):
+    """A record applied on this replica scans the tracked buffers too (refresh): a thread's write it finds there
+    must still put the buffer's name in the next capture, which the cell does not reach."""
+    _run(detector, SETUP)
+    replica.apply(detector.records[-1])
+    detector.ns["other"][77] = 42.0  # as a thread would, between cells
+    detector.tracker.refresh([])  # a record's names: none of these
+    delta = _run(detector, "pass")
+    assert delta.why.get("other") == "mutated"
+    replica.apply(detector.records[-1])
+    _same_arrays(detector, replica)
+
+
 def test_an_unchanged_namespace_gives_an_empty_delta(detector):
     _run(detector, SETUP)
     assert _run(detector, "x = 1").names == {"x"}
