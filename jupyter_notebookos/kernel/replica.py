@@ -669,12 +669,12 @@ class ReplicaKernel(IPythonKernel):
         loop = asyncio.get_running_loop()
         names, threshold = self.tracker.user_names(), self.settings.buffer_threshold
         self._checkpoint_abort = abort
-        self._checkpointing = loop.run_in_executor(
+        checkpointing = self._checkpointing = loop.run_in_executor(
             None, partial(statelog.serialize_checkpoint, self.namespace, names, threshold, abort)
         )
         try:
             with _quick_gil_handoff():
-                pending = await self._checkpointing
+                pending = await checkpointing
         except SerializationAborted:
             log.info("checkpoint at seq %d put off: a request came while the namespace was pickled", seq)
             if self._checkpoint_retry is None:
@@ -682,7 +682,8 @@ class ReplicaKernel(IPythonKernel):
                 self._checkpoint_retry = self.io_loop.call_later(CHECKPOINT_RETRY_S, self._checkpoint_again, 0.0)
             return
         finally:
-            self._checkpoint_abort = None
+            # (Not kept past this: its result holds views of the user's arrays, which must not outlive their names.)
+            self._checkpoint_abort, self._checkpointing = None, None
         uploaded: concurrent.futures.Future[None] = concurrent.futures.Future()
 
         async def commit() -> bool:
