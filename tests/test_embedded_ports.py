@@ -76,3 +76,17 @@ def test_a_port_is_handed_out_once_and_the_range_can_be_narrowed(monkeypatch) ->
         monkeypatch.setenv(ports.ENV_RANGE, bad)
         with pytest.raises(ValueError, match=ports.ENV_RANGE):
             ports.free_port()
+
+
+def test_the_gateway_gives_plain_kernels_ports_from_the_same_range(monkeypatch) -> None:
+    """Enterprise Gateway's own port picking binds port 0, so a plain kernel's ports came from the ephemeral range,
+    where a replica's ZMQ socket could take one before the kernel bound it (a kernel left serving nothing)."""
+    from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
+
+    monkeypatch.delenv("EG_PORT_RANGE", raising=False)
+    monkeypatch.setenv(ports.ENV_RANGE, "20000-29999")
+    assert NotebookOSGatewayApp().port_range == "20000..29999"
+    monkeypatch.setenv(ports.ENV_RANGE, "40000-40009")  # smaller than EG accepts (1000): EG's port 0 then
+    assert NotebookOSGatewayApp().port_range == "0..0"
+    monkeypatch.setenv("EG_PORT_RANGE", "50000..51000")  # EG's own setting wins
+    assert NotebookOSGatewayApp().port_range == "50000..51000"

@@ -7,6 +7,7 @@ Enterprise Gateway's own integration tests ``test_restart`` and ``test_interrupt
 
 from __future__ import annotations
 
+import json
 import time
 import unittest
 from pathlib import Path
@@ -22,6 +23,7 @@ from enterprise_gateway.itests.test_python_kernel import PythonKernelBaseTestCas
 from support import Platform, gpus_held_on, wait_for
 
 from jupyter_notebookos.client import GatewayClient, KernelConnection
+from jupyter_notebookos.embedded import ports
 
 KERNEL = "python3-notebookos"
 
@@ -111,6 +113,21 @@ def test_enterprise_gateways_own_itests_pass(
         getattr(tests, case)()
     finally:
         eg.shutdown_kernel(tests.kernel)
+
+
+def test_a_plain_kernels_ports_are_none_that_binding_port_zero_hands_out(platform: Platform) -> None:
+    """EG's ``test_interrupt`` above once lost its cells in CI: the plain kernel's iopub port, which EG had picked
+    by binding port 0, was bound by another process first. ipykernel then stays alive and serves nothing, and the
+    gateway aborts the websocket after two 60 s waits. The gateway now picks them below the ephemeral range."""
+    kernel_id = platform.client.start_kernel("python3")
+    try:
+        with platform.client.connect(kernel_id) as conn:
+            result = conn.execute("import ipykernel\nprint(ipykernel.get_connection_info())")
+        bound = {name: port for name, port in json.loads(result.stdout).items() if name.endswith("_port")}
+        low, high = ports.pick_range()  # the platform's range: it inherits this process's environment
+        assert len(bound) == 5 and all(low <= port <= high for port in bound.values()), (bound, low, high)
+    finally:
+        platform.client.shutdown_kernel(kernel_id)
 
 
 # -- what a user of a NotebookOS kernel sees ----------------------------------------------------------------

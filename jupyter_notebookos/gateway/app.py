@@ -25,11 +25,13 @@ import sys
 from typing import Any
 
 from enterprise_gateway.enterprisegatewayapp import EnterpriseGatewayApp
+from enterprise_gateway.services.processproxies.processproxy import min_port_range_size
 from jupyter_server.utils import url_path_join
 from tornado import ioloop
 from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default, validate
 
 from jupyter_notebookos.coordination.client import Coordinator, EtcdCredentials, EtcdTls
+from jupyter_notebookos.embedded import ports
 from jupyter_notebookos.gateway import dates
 from jupyter_notebookos.gateway.defrag import EtcdMaintenance
 from jupyter_notebookos.gateway.handlers import notebookos_handlers
@@ -93,6 +95,23 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
     @default("stop_kernels_on_shutdown")
     def _stop_kernels_default(self) -> bool:
         return self.launcher == "local"
+
+    @default("port_range")
+    def _port_range_default(self) -> str:
+        """EG's ``EG_PORT_RANGE`` if set, else the ports below the ephemeral range (``embedded.ports``).
+
+        Enterprise Gateway picks a plain kernel's five ports by binding port 0 and letting go, so they come from the
+        ephemeral range, and the next process that binds port 0 there (a replica's ZMQ socket, an outgoing
+        connection) can take one before the kernel binds it. ipykernel then exits if it was the shell port, and the
+        restarter gives it new ports; any other port leaves it alive with nothing served, and a client's websocket
+        handshake waits 60 s for a kernel_info reply, its nudge 60 s more, and then the gateway aborts the
+        connection (CI, 2026-12-05: EG's own ``test_interrupt`` lost its cells). Below the ephemeral range nothing
+        binds port 0. Left as EG's default (port 0) where that range is smaller than EG accepts.
+        """
+        if os.environ.get(self.port_range_env):
+            return os.environ[self.port_range_env]
+        low, high = ports.pick_range()
+        return f"{low}..{high}" if high - low >= min_port_range_size else self.port_range_default_value
 
     etcd_ca_cert = Unicode(
         config=True, help="PEM file of the CA of etcd's certificates (TLS). Env: NOTEBOOKOS_ETCD_CA_CERT."
