@@ -28,6 +28,23 @@ def _own_port_range() -> None:
 
 _own_port_range()
 
+#: How much of a platform's gateway log a failed test reports (CI keeps no files of a run).
+LOG_TAIL_LINES = 60
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A test that failed with a platform in use reports the end of that platform's gateway log."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    for name, value in getattr(item, "funcargs", {}).items():
+        log = value.state_dir / "gateway.log" if isinstance(value, Platform) else None
+        if log is not None and log.exists():
+            lines = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            report.sections.append((f"end of the gateway log of fixture {name!r}", "\n".join(lines)))
+
 
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[Platform]:
