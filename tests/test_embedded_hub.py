@@ -19,6 +19,7 @@ import pytest
 import requests
 from support import NOTEBOOKOS, REPO, Platform, start_platform, stop_platform, wait_for
 
+from jupyter_notebookos.embedded import ports
 from jupyter_notebookos.embedded.hub import ENV_HUB_STATE_DIR, EmbeddedHub, hub_python, parse_users, proxy_command
 from jupyter_notebookos.embedded.platform import lab_python
 
@@ -147,6 +148,15 @@ def test_a_hub_token_works_until_it_expires(hub_platform: Platform) -> None:
 def test_an_idle_server_is_culled_by_jupyterhub_idle_culler(hub_platform: Platform) -> None:
     session, hub_url = hub_session(hub_platform, "alice")
     session.get(f"{hub_url}/hub/spawn/alice", timeout=120)
-    wait_for(lambda: servers_of(hub_platform, "alice"), 240, "alice's server to start", interval=1.0)
+    server = wait_for(lambda: servers_of(hub_platform, "alice"), 240, "alice's server to start", interval=1.0)[0]
+    # Its port is one the platform picked below the ephemeral range, not the Spawner's own port-0 pick.
+    listening = wait_for(
+        lambda: {c.laddr.port for c in server.net_connections("tcp") if c.status == psutil.CONN_LISTEN},
+        60,
+        "alice's server to listen",
+        interval=0.5,
+    )
+    low, high = ports.pick_range()
+    assert all(low <= port <= high for port in listening), (listening, low, high)
     wait_for(lambda: not servers_of(hub_platform, "alice"), 240, "the idle culler to stop alice's server", 1.0)
     assert "Culling server alice" in (hub_platform.state_dir / "jupyterhub.log").read_text()

@@ -191,6 +191,11 @@ class EmbeddedHub:
             "}",
             "c.Spawner.start_timeout = 180",
             "c.Spawner.http_timeout = 180",
+            # A server's port from below the ephemeral range, as the platform's own (embedded/ports.py): the
+            # Spawner's own pick binds port 0, and another process binding port 0 (a replica's ZMQ socket) can
+            # take that port before the server, still importing, binds it.
+            "from jupyter_notebookos.embedded.ports import free_port",
+            "c.Spawner.pre_spawn_hook = lambda spawner: setattr(spawner, 'port', free_port(spawner.ip or '127.0.0.1'))",
         ]
         # The gateway, known to the Hub by name. It needs no Hub token of its own: it checks each user's token by
         # calling GET /hub/api/user with that token, as JupyterHub's HubAuth does.
