@@ -116,9 +116,10 @@ def test_enterprise_gateways_own_itests_pass(
 
 
 def test_a_plain_kernels_ports_are_none_that_binding_port_zero_hands_out(platform: Platform) -> None:
-    """EG's ``test_interrupt`` above once lost its cells in CI: the plain kernel's iopub port, which EG had picked
-    by binding port 0, was bound by another process first. ipykernel then stays alive and serves nothing, and the
-    gateway aborts the websocket after two 60 s waits. The gateway now picks them below the ephemeral range."""
+    """EG's ``test_interrupt`` above once lost its cells in CI, as it does when a port of the plain kernel (EG had
+    picked it by binding port 0) is bound by another process first: for any port but shell, ipykernel stays alive
+    serving nothing, and the gateway aborts the websocket after two 60 s waits (reproduced with the iopub port).
+    The gateway now picks them below the ephemeral range, where no port-0 bind lands."""
     kernel_id = platform.client.start_kernel("python3")
     try:
         with platform.client.connect(kernel_id) as conn:
