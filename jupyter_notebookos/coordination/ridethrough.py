@@ -10,7 +10,9 @@ two election timeouts, so that error is a false alarm: 2 of 3 members are alive.
 transaction writes and the exact value it writes there (a value no other transaction writes, such as a cell
 record with its message id and attempt). After an ambiguous failure it reads that key: holding our value, the
 transaction was applied (its revision is the key's ``mod_revision``); otherwise it was not, and it is sent again.
-Every attempt is short, and all of them share one deadline, so a true quorum loss still fails within it.
+An attempt read as not applied can still be applied after the read (Raft commits it late); the attempt sent again
+then fails its compares, and the key is read once more: holding our value, the transaction was applied. Every
+attempt is short, and all of them share one deadline, so a true quorum loss still fails within it.
 """
 
 from __future__ import annotations
@@ -57,15 +59,31 @@ async def txn_once(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + (coordinator.timeout if timeout is None else timeout)
     unknown = False  # whether an attempt may have been applied without our knowing yet
+    doubted = False  # whether any attempt's outcome was ever unknown
     while True:
         remaining = deadline - loop.time()
         try:
-            return await coordinator.txn(compare, success, timeout=max(min(remaining, ATTEMPT_SECONDS), 0.001))
+            result = await coordinator.txn(compare, success, timeout=max(min(remaining, ATTEMPT_SECONDS), 0.001))
         except (QuorumLost, EtcdUnavailable) as err:
             unknown = unknown or "outcome" in str(err)
+            doubted = doubted or unknown
             if deadline - loop.time() <= 0.05:
                 raise _final(err, unknown) from err
             log.info("txn on %s: %s; settling its outcome", outcome_key, err)
+        else:
+            if result.succeeded or not doubted:
+                return result
+            # An earlier attempt, read as not applied, may have been applied since (Raft committed it late: seen
+            # in CI after all members were paused). Then this attempt fails the compares that one changed, and
+            # the key holds our value.
+            try:
+                current = await coordinator.get(outcome_key, timeout=max(deadline - loop.time(), ATTEMPT_SECONDS))
+            except (QuorumLost, EtcdUnavailable) as err:
+                raise _final(err, True) from err
+            if current is not None and current.value == expected:
+                log.info("txn on %s: an earlier attempt was applied late; this one found it done", outcome_key)
+                return TxnResult(succeeded=True, revision=current.mod_revision, results=[])
+            return result
         try:
             current = await coordinator.get(outcome_key, timeout=max(deadline - loop.time(), 0.001))
         except (QuorumLost, EtcdUnavailable) as err:
@@ -74,7 +92,8 @@ async def txn_once(
             return TxnResult(succeeded=True, revision=current.mod_revision, results=[])
         # Not applied as of this read. Raft may still commit an earlier attempt later (it reached the old
         # leader's log): callers fence their transactions (compares on an executor key's revision, on a key's
-        # absence), so the resent one then fails its compares, or writes the same values again.
+        # absence), so the resent one then fails its compares (and the key is read again, above), or writes the
+        # same values again.
         unknown = False
 
 

@@ -7,6 +7,7 @@ import contextlib
 import json
 import signal
 import time
+from typing import Any
 
 import pytest
 
@@ -124,3 +125,58 @@ async def test_a_call_that_outlasts_an_election_says_so_instead_of_lost_quorum(
         assert isinstance(failure, QuorumLost) and "changed its leader" in str(failure)
         assert "lost quorum" not in str(failure) and "outcome of this txn is unknown" in str(failure)
     await coordinator.close()
+
+
+class _AppliedLate:
+    """The real etcd client, except that the first transaction's call ends with its outcome unknown, and etcd
+    applies that attempt only after ``txn_once`` has read the outcome key: Raft may commit an attempt late (CI, with
+    every member paused for a second, then resumed)."""
+
+    def __init__(self, real: Coordinator, *, applied: bool = True) -> None:
+        self.real, self.timeout, self.applied = real, real.timeout, applied
+        self.late: tuple[list[Compare], list[Op]] | None = None
+        self.reads = 0
+
+    async def txn(self, compare: list[Compare], success: list[Op], **kwargs: Any) -> Any:
+        if self.late is None:
+            self.late = (compare, success)
+            raise LeaderChanged(["etcd"], "txn: no answer in time; the outcome of this txn is unknown")
+        return await self.real.txn(compare, success, **kwargs)
+
+    async def get(self, key: str, **kwargs: Any) -> Any:
+        found = await self.real.get(key, **kwargs)
+        self.reads += 1
+        if self.reads == 1 and self.late is not None and self.applied:
+            await self.real.txn(*self.late)  # the first attempt lands just after the read that missed it
+        return found
+
+
+@pytest.mark.asyncio
+async def test_an_attempt_applied_after_the_read_that_missed_it_is_still_a_success(coordinator: Coordinator) -> None:
+    """The attempt sent again fails its compare (the late one wrote the key), and that is no conflict: the key holds
+    this transaction's own value. Reported as a conflict, a cell's decision was committed with its GPU entries while
+    the router chose again, and every later cell of the kernel conflicted on those entries."""
+    key, gpu = coordinator.keys.cell("k", "m"), coordinator.keys.gpu("host-0", 0)
+    record = json.dumps({"msg_id": "m", "attempt": 0})
+    late = _AppliedLate(coordinator)
+    result = await txn_once(
+        late,  # type: ignore[arg-type]
+        [Compare.absent(key), Compare.absent(gpu)],
+        [Op.put(key, record), Op.put(gpu, record)],
+        outcome_key=key,
+        outcome_value=record,
+    )
+    stored = await coordinator.get(key)
+    assert stored is not None and stored.text == record
+    assert result.succeeded and result.revision == stored.mod_revision, result
+    # Someone else's value at the key (the first attempt was not applied after all) is still a conflict.
+    other = coordinator.keys.cell("k", "n")
+    await coordinator.put(other, "someone else's")
+    refused = await txn_once(
+        _AppliedLate(coordinator, applied=False),  # type: ignore[arg-type]
+        [Compare.absent(other)],
+        [Op.put(other, record)],
+        outcome_key=other,
+        outcome_value=record,
+    )
+    assert not refused.succeeded
