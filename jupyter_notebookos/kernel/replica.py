@@ -74,6 +74,12 @@ CHECKPOINT_RETRY_S = 2.0
 CHECKPOINT_RETRY_MAX_S = 120.0
 
 
+def _stops_on_error(parent: dict[str, Any]) -> bool:
+    """Whether a failed ``execute_request`` aborts the requests queued behind it (ipykernel's rule)."""
+    content = parent.get("content") or {}
+    return not content.get("silent", False) and bool(content.get("stop_on_error", True))
+
+
 @contextlib.contextmanager
 def _sigint_noted(then: Callable[[], Any] | None = None) -> Iterator[Callable[[], bool]]:
     """Note SIGINT instead of raising it (and call ``then``, if given); yields a function that says whether one came.
@@ -743,14 +749,13 @@ class ReplicaKernel(IPythonKernel):
         evalue = "interrupted before the cell began; nothing ran"
         content = {"ename": "KeyboardInterrupt", "evalue": evalue, "traceback": [f"KeyboardInterrupt: {evalue}"]}
         assert self.session is not None
+        if _stops_on_error(parent):
+            self._abort_queues()  # as ipykernel does for a failed cell ("Run All" stops here), before the reply goes
         self.session.send(self.iopub_socket, "error", content, parent, ident=self._topic("error"))
         reply = {"status": "error", "execution_count": self.execution_count, **content}
         self.session.send(
             stream, "execute_reply", reply, parent, metadata={METADATA_KEY: self._reply_metadata(cell)}, ident=ident
         )
-        content_in = parent.get("content") or {}
-        if not content_in.get("silent", False) and content_in.get("stop_on_error", True):
-            self._abort_queues()  # as ipykernel does after a failed cell: "Run All" stops here
 
     def _send_abort_reply(self, stream: Any, msg: dict[str, Any], idents: Any) -> None:
         """An aborted directed cell (an earlier cell failed) still publishes its (empty) record."""
@@ -839,9 +844,16 @@ class ReplicaKernel(IPythonKernel):
             print(message, file=sys.stderr, flush=True)
 
     def finish_metadata(self, parent: dict[str, Any], metadata: dict[str, Any], reply_content: dict[str, Any]) -> Any:
-        """Add ``metadata.notebookos`` to the reply."""
+        """Add ``metadata.notebookos`` to the reply; a failed cell's queue is aborted before its reply goes."""
         metadata = super().finish_metadata(parent, metadata, reply_content)
         metadata[METADATA_KEY] = self._reply_metadata(self._cell)
+        if reply_content.get("status") == "error" and _stops_on_error(parent):
+            # ipykernel aborts the requests queued behind a failed cell ("Run All" stops there) only *after* it sent
+            # the reply. A request its client sent on seeing that reply could then arrive first and be aborted
+            # too (CI: the cell after an interrupt, answered "aborted", when the main thread lost the CPU in that
+            # gap). Aborting here, with nothing awaited before the send, takes only what arrived before the reply;
+            # ipykernel's own call afterwards queues what came in between behind this one's end of aborting.
+            self._abort_queues()
         return metadata
 
     def _reply_metadata(self, cell: _Cell | None) -> dict[str, Any]:

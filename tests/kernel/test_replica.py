@@ -457,6 +457,31 @@ def test_interrupt_reaches_user_code_and_the_cell_still_publishes(replicas: Repl
     assert replicas.wait_record(1).names == ["started", "time"]
 
 
+def test_a_request_sent_on_seeing_a_failed_cells_reply_runs(replicas: ReplicaFactory) -> None:
+    """ipykernel aborts the requests queued behind a failed cell in ``_abort_queues``, which sends the reply and
+    then takes in what arrived. A request sent by a client that had seen the reply could arrive in between and be
+    aborted too (CI: the cell after an interrupt was answered "aborted", when the replica's main thread lost the CPU
+    right after the send). Here a profile hook holds the main thread up at that point for a second."""
+    r0 = replicas.start("r0")
+    fence = replicas.elect("r0")
+    failing = (
+        "import sys, time\n"
+        "def _hold(frame, event, arg):\n"
+        "    if event != 'return' or frame.f_code.co_name != '_handle_send':\n"
+        "        return\n"
+        "    flush = frame.f_back\n"
+        "    if flush is not None and flush.f_back is not None and flush.f_back.f_code.co_name == '_abort_queues':\n"
+        "        time.sleep(1.0)\n"
+        "sys.setprofile(_hold)\n"
+        "raise ValueError('stop here')"
+    )
+    client = _start_directed(r0, failing, CellDirective(seq=1, fence=fence))
+    reply = client.get_shell_msg(timeout=20)
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "ValueError", reply["content"]
+    cell = r0.execute("sys.setprofile(None)\nx = 1", CellDirective(seq=2, fence=fence))
+    assert cell.status == "ok", cell.reply["content"]
+
+
 def test_an_interrupt_while_the_cell_waits_to_run_answers_it_and_the_replica_lives(replicas: ReplicaFactory) -> None:
     """A cell can wait before its code runs (the last cell's upload, records to apply first: seconds with GBs). An
     interrupt then used to raise in the replica's event loop and end the replica; now the cell is answered as
