@@ -848,11 +848,12 @@ class ReplicaKernel(IPythonKernel):
         metadata = super().finish_metadata(parent, metadata, reply_content)
         metadata[METADATA_KEY] = self._reply_metadata(self._cell)
         if reply_content.get("status") == "error" and _stops_on_error(parent):
-            # ipykernel aborts the requests queued behind a failed cell ("Run All" stops there) only *after* it sent
-            # the reply. A request its client sent on seeing that reply could then arrive first and be aborted
-            # too (CI: the cell after an interrupt, answered "aborted", when the main thread lost the CPU in that
-            # gap). Aborting here, with nothing awaited before the send, takes only what arrived before the reply;
-            # ipykernel's own call afterwards queues what came in between behind this one's end of aborting.
+            # ipykernel aborts the requests queued behind a failed cell ("Run All" stops there) after it queued the
+            # reply: its _abort_queues flushes the shell stream, which sends the reply and then takes in what has
+            # arrived, so a request its client sent on seeing the reply could be aborted too (CI: the cell after
+            # an interrupt, answered "aborted", when the main thread lost the CPU right after the send). Aborting
+            # here, before the reply is queued, takes in only what arrived before it; ipykernel's own call then
+            # queues what came later behind this call's end of aborting, and it runs.
             self._abort_queues()
         return metadata
 
