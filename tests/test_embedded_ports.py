@@ -78,15 +78,20 @@ def test_a_port_is_handed_out_once_and_the_range_can_be_narrowed(monkeypatch) ->
             ports.free_port()
 
 
-def test_the_gateway_gives_plain_kernels_ports_from_the_same_range(monkeypatch) -> None:
+def test_kernels_get_a_part_of_the_range_that_services_never_get(monkeypatch) -> None:
     """Enterprise Gateway's own port picking binds port 0, so a plain kernel's ports came from the ephemeral range,
-    where a replica's ZMQ socket could take one before the kernel bound it (a kernel left serving nothing)."""
+    where a replica's ZMQ socket could take one before the kernel bound it (a kernel left serving nothing). The
+    gateway gives kernels the last three quarters of the range below it; services (etcd, restarted on its own
+    ports) are picked from the first quarter only."""
     from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
 
     monkeypatch.delenv("EG_PORT_RANGE", raising=False)
+    monkeypatch.setattr(ports, "_handed_out", set())
     monkeypatch.setenv(ports.ENV_RANGE, "20000-29999")
-    assert NotebookOSGatewayApp().port_range == "20000..29999"
-    monkeypatch.setenv(ports.ENV_RANGE, "40000-40009")  # smaller than EG accepts (1000): EG's port 0 then
-    assert NotebookOSGatewayApp().port_range == "0..0"
+    assert ports.kernel_range() == (22500, 29999)
+    assert NotebookOSGatewayApp().port_range == "22500..29999"
+    assert all(20000 <= port < 22500 for port in ports.free_ports(50)), "a service port in the kernels' part"
+    monkeypatch.setenv(ports.ENV_RANGE, "40000-40009")  # too small to share (EG wants 1000): EG's port 0 then
+    assert ports.kernel_range() is None and NotebookOSGatewayApp().port_range == "0..0"
     monkeypatch.setenv("EG_PORT_RANGE", "50000..51000")  # EG's own setting wins
     assert NotebookOSGatewayApp().port_range == "50000..51000"

@@ -119,14 +119,15 @@ def test_a_plain_kernels_ports_are_none_that_binding_port_zero_hands_out(platfor
     """EG's ``test_interrupt`` above once lost its cells in CI, as it does when a port of the plain kernel (EG had
     picked it by binding port 0) is bound by another process first: for any port but shell, ipykernel stays alive
     serving nothing, and the gateway aborts the websocket after two 60 s waits (reproduced with the iopub port).
-    The gateway now picks them below the ephemeral range, where no port-0 bind lands."""
+    The gateway now picks them below the ephemeral range, where no port-0 bind lands (in the part kept for kernels)."""
     kernel_id = platform.client.start_kernel("python3")
     try:
         with platform.client.connect(kernel_id) as conn:
             result = conn.execute("import ipykernel\nprint(ipykernel.get_connection_info())")
         bound = {name: port for name, port in json.loads(result.stdout).items() if name.endswith("_port")}
-        low, high = ports.pick_range()  # the platform's range: it inherits this process's environment
-        assert len(bound) == 5 and all(low <= port <= high for port in bound.values()), (bound, low, high)
+        kernels = ports.kernel_range()  # the platform's: it inherits this process's environment
+        assert kernels is not None
+        assert len(bound) == 5 and all(kernels[0] <= port <= kernels[1] for port in bound.values()), (bound, kernels)
     finally:
         platform.client.shutdown_kernel(kernel_id)
 

@@ -11,6 +11,10 @@ A port picked is free only at that moment: the service it is for binds it later.
 same port twice (:data:`_handed_out`), and `notebookos up` excludes the ports it was given (``--port`` and the
 like) before it picks etcd's. Processes picking side by side (parallel test workers) can each be given a range of
 their own with ``NOTEBOOKOS_PORTS=LOW-HIGH``.
+
+Kernels' ports come from the same range, in a part of their own (:func:`kernel_range`, the gateway's default
+``port_range``: Enterprise Gateway's own picking binds port 0), and the services' from the first quarter: an etcd
+member restarted on its port must not find a kernel there.
 """
 
 from __future__ import annotations
@@ -51,6 +55,26 @@ def pick_range() -> tuple[int, int]:
     return bounds
 
 
+#: The services' part of the range: its first 1/SERVICE_SHARE (the rest is the kernels', see kernel_range).
+SERVICE_SHARE = 4
+#: The fewest ports Enterprise Gateway accepts in a port range (its EG_MIN_PORT_RANGE_SIZE default).
+KERNEL_RANGE_MIN = 1000
+
+
+def kernel_range() -> tuple[int, int] | None:
+    """The ports kernels' connection files are drawn from (both ends included): the range's last three quarters,
+    which :func:`free_ports` never picks from; None where that part is too small for Enterprise Gateway."""
+    low, high = pick_range()
+    first = low + (high - low + 1) // SERVICE_SHARE
+    return (first, high) if high - first >= KERNEL_RANGE_MIN else None
+
+
+def _service_range() -> tuple[int, int]:
+    low, high = pick_range()
+    kernels = kernel_range()
+    return (low, kernels[0] - 1) if kernels is not None else (low, high)
+
+
 def exclude(*ports: int) -> None:
     """Never pick ``ports`` in this process (0 is ignored): they are promised to a service that has not bound them."""
     _handed_out.update(p for p in ports if p)
@@ -83,9 +107,10 @@ def _from_port_zero(count: int, host: str) -> list[int]:
 
 def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
     """``count`` distinct TCP ports on ``host`` that nothing is bound to right now."""
-    low, top = pick_range()
-    if top - low < 1000 and not os.environ.get(ENV_RANGE):
+    whole_low, whole_top = pick_range()
+    if whole_top - whole_low < 1000 and not os.environ.get(ENV_RANGE):
         return _from_port_zero(count, host)
+    low, top = _service_range()
     draw = random.SystemRandom()
     picked: list[int] = []
     for _ in range(_ATTEMPTS):
@@ -104,4 +129,4 @@ def free_port(host: str = LOOPBACK) -> int:
     return free_ports(1, host)[0]
 
 
-__all__ = ["exclude", "free_port", "free_ports", "is_free", "pick_range"]
+__all__ = ["exclude", "free_port", "free_ports", "is_free", "kernel_range", "pick_range"]

@@ -98,7 +98,8 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
 
     @default("port_range")
     def _port_range_default(self) -> str:
-        """EG's ``EG_PORT_RANGE`` if set, else the ports below the ephemeral range (``embedded.ports``).
+        """EG's ``EG_PORT_RANGE`` if set, else the kernels' part of the ports below the ephemeral range
+        (``embedded.ports.kernel_range``).
 
         Enterprise Gateway picks a plain kernel's five ports by binding port 0 and letting go, so they come from the
         ephemeral range, and the next process that binds port 0 there (a replica's ZMQ socket, an outgoing
@@ -106,12 +107,14 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         restarter gives it new ports; any other port leaves it alive with nothing served, and a client's websocket
         handshake waits 60 s for a kernel_info reply, its nudge 60 s more, and then the gateway aborts the
         connection (CI, 2026-12-05: EG's own ``test_interrupt`` lost its cells). Below the ephemeral range nothing
-        binds port 0. Left as EG's default (port 0) where that range is smaller than EG accepts.
+        binds port 0. Left as EG's default (port 0) where that part is smaller than EG accepts.
         """
         if os.environ.get(self.port_range_env):
             return os.environ[self.port_range_env]
-        low, high = ports.pick_range()
-        return f"{low}..{high}" if high - low >= min_port_range_size else self.port_range_default_value
+        kernels = ports.kernel_range()
+        if kernels is None or kernels[1] - kernels[0] < min_port_range_size:
+            return self.port_range_default_value
+        return f"{kernels[0]}..{kernels[1]}"
 
     etcd_ca_cert = Unicode(
         config=True, help="PEM file of the CA of etcd's certificates (TLS). Env: NOTEBOOKOS_ETCD_CA_CERT."
