@@ -159,10 +159,19 @@ class KernelConnection:
         """The reply to request ``msg_id`` on ``channel`` (other messages are kept in ``pending``)."""
         deadline = time.monotonic() + timeout
         while True:
-            msg = self.receive(deadline - time.monotonic())
+            msg = self._next_of(msg_id, deadline, channel)
             if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["channel"] == channel:
                 return msg
             self.pending.append(msg)
+
+    def _next_of(self, msg_id: str, deadline: float, channel: str | None = None) -> dict[str, Any]:
+        """The first message kept in ``pending`` for request ``msg_id`` (on ``channel``, if given), taken out; else
+        the next one received. (Messages of several requests interleave: a router answers queued cells "aborted"
+        at once, while the failed cell's own messages still come.)"""
+        for index, msg in enumerate(self.pending):
+            if msg.get("parent_header", {}).get("msg_id") == msg_id and channel in (None, msg.get("channel")):
+                return self.pending.pop(index)
+        return self.receive(deadline - time.monotonic())
 
     def execute(
         self, code: str, timeout: float = 60.0, *, stdin: list[str] | None = None, allow_stdin: bool = False
@@ -198,7 +207,7 @@ class KernelConnection:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"cell did not finish within {timeout} s: reply={reply is not None} idle={idle}")
-            msg = self.receive(remaining)
+            msg = self._next_of(msg_id, deadline)
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 self.pending.append(msg)
                 continue

@@ -91,6 +91,27 @@ def test_two_clients_see_the_output_of_each_others_cells(kernel: tuple[GatewayCl
         assert len(streams) == 1 and streams[0]["content"]["text"] == "shared\n"
 
 
+@pytest.mark.parametrize("name", ["python3", "python3-notebookos"])
+def test_run_all_stops_at_the_first_error_as_with_a_plain_kernel(shared_up: Platform, name: str) -> None:
+    """JupyterLab's "Run All" sends every cell at once. ipykernel aborts the requests queued behind a failed one; a
+    NotebookOS kernel's cells wait in its router instead, and ran on after the error until the router did the same."""
+    cells = ["import time\ntime.sleep(0.5)\n1/0", "x = 1", "x = 2"]
+    content = {"silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False}
+    with kernel_of(shared_up.client, name) as (client, kernel_id), client.connect(kernel_id) as conn:
+        assert conn.execute("x = 0").status == "ok"
+        sent = [
+            conn.send("shell", "execute_request", {**content, "code": code, "stop_on_error": True}) for code in cells
+        ]
+        assert [conn.collect(msg_id, 30).status for msg_id in sent] == ["error", "aborted", "aborted"]
+        assert conn.execute("print(x)").stdout == "0\n"  # a cell sent after the error runs
+        # stop_on_error=False (as a console may send): the cells behind the failed one run.
+        sent = [
+            conn.send("shell", "execute_request", {**content, "code": code, "stop_on_error": False}) for code in cells
+        ]
+        assert [conn.collect(msg_id, 30).status for msg_id in sent] == ["error", "ok", "ok"]
+        assert conn.execute("print(x)").stdout == "2\n"
+
+
 def test_interrupt_reaches_the_running_cell(kernel: tuple[GatewayClient, str]) -> None:
     client, kernel_id = kernel
     with client.connect(kernel_id) as conn:

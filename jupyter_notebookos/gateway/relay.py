@@ -31,6 +31,22 @@ CONTROL_REQUESTS = frozenset({"interrupt_request", "shutdown_request", "debug_re
 ROUTE_MEMORY = 4096
 
 
+def _stops_on_error(request: WireMessage) -> bool:
+    """Whether a failed ``execute_request`` aborts the requests queued behind it (ipykernel's rule)."""
+    try:
+        content = request.content()
+    except MalformedMessage:
+        return True
+    return not content.get("silent", False) and bool(content.get("stop_on_error", True))
+
+
+def _reply_status(reply: WireMessage) -> object:
+    try:
+        return reply.content().get("status")
+    except MalformedMessage:
+        return None
+
+
 class ReplicaLink:
     """The router's sockets to one registered replica."""
 
@@ -145,6 +161,39 @@ class RouterRelay(RouterState):
         if shell is not None:
             reply = self.signer.make("execute_reply", content, cell.request, metadata=metadata)
             self._spawn(self._send_all(shell, [reply.frames()]))
+        self._stop_queue_on_error(cell, "error")
+        if not cell.done.done():
+            cell.done.set_result(None)
+
+    def _stop_queue_on_error(self, cell: PendingCell, status: object) -> None:
+        """A failed cell aborts the execute_requests queued behind it, as ipykernel does ("Run All" stops at the
+        first error). Here they wait in the router, not in a kernel, so the router answers each "aborted" and none
+        reaches a replica (no record, no execution count). Requests that arrive after the reply run."""
+        if status != "error" or not _stops_on_error(cell.request):
+            return
+        kept: list[PendingCell] = []  # cells adopted from a previous gateway are running already
+        while not self._queue.empty():
+            queued = self._queue.get_nowait()
+            if queued in self.adopted_cells:
+                kept.append(queued)
+            else:
+                self._abort_reply(queued)
+        for adopted in kept:
+            self._queue.put_nowait(adopted)
+
+    def _abort_reply(self, cell: PendingCell) -> None:
+        """Answer a queued ``cell`` "aborted": busy and idle on iopub around the reply, as ipykernel does."""
+        iopub, shell = self._sockets.get("iopub"), self._sockets.get("shell")
+        if iopub is not None:
+            busy = self.signer.make("status", {"execution_state": "busy"}, cell.request, idents=[b"kernel.status"])
+            self._spawn(self._send_all(iopub, [busy.frames()]))
+        if shell is not None:
+            metadata = {"status": "aborted", METADATA_KEY: {"queued_ms": self._queued_ms(cell), "aborted": True}}
+            reply = self.signer.make("execute_reply", {"status": "aborted"}, cell.request, metadata=metadata)
+            self._spawn(self._send_all(shell, [reply.frames()]))
+        if iopub is not None:
+            idle = self.signer.make("status", {"execution_state": "idle"}, cell.request, idents=[b"kernel.status"])
+            self._spawn(self._send_all(iopub, [idle.frames()]))
         if not cell.done.done():
             cell.done.set_result(None)
 
@@ -330,6 +379,7 @@ class RouterRelay(RouterState):
             # The executor has the state of this cell in memory already.
             self.replicas.note_applied(link.replica_id, cell.seq)
             self.cells_run += 1
+            self._stop_queue_on_error(cell, metadata.get("status") or _reply_status(msg))
             if not cell.done.done():
                 cell.done.set_result(None)
             return
