@@ -174,7 +174,7 @@ class RouterRelay(RouterState):
         kept: list[PendingCell] = []  # cells adopted from a previous gateway are running already
         while not self._queue.empty():
             queued = self._queue.get_nowait()
-            if queued in self.adopted_cells:
+            if any(queued is adopted for adopted in self.adopted_cells):
                 kept.append(queued)
             else:
                 self._abort_reply(queued)
