@@ -21,7 +21,7 @@ import zmq.asyncio
 from jupyter_notebookos.gateway.cells import PendingCell
 from jupyter_notebookos.gateway.routerstate import RouterState, log
 from jupyter_notebookos.gateway.wire import MalformedMessage, WireMessage
-from jupyter_notebookos.replication.protocol import METADATA_KEY, ReplicaRegistration
+from jupyter_notebookos.replication.protocol import METADATA_KEY, ReplicaRegistration, stops_on_error
 
 # What a client may send on a kernel's control channel: interrupts, shutdown, the debugger, and kernel_info
 # (read-only; jupyter_server's websocket handler sends it there to see that the kernel answers).
@@ -32,12 +32,12 @@ ROUTE_MEMORY = 4096
 
 
 def _stops_on_error(request: WireMessage) -> bool:
-    """Whether a failed ``execute_request`` aborts the requests queued behind it (ipykernel's rule)."""
+    """:func:`~jupyter_notebookos.replication.protocol.stops_on_error` for a request whose content may not parse
+    (then: it does, as ipykernel's default)."""
     try:
-        content = request.content()
+        return stops_on_error(request.content())
     except MalformedMessage:
         return True
-    return not content.get("silent", False) and bool(content.get("stop_on_error", True))
 
 
 def _reply_status(reply: WireMessage) -> object:

@@ -40,7 +40,13 @@ from jupyter_notebookos.kernel.agent import PublishOutcome, ReplicaAgent
 from jupyter_notebookos.kernel.lostchanges import LostChanges
 from jupyter_notebookos.kernel.settings import ReplicaSettings
 from jupyter_notebookos.kernel.statelog import PendingDelta, StateLog, collect_unreferenced, serialize_delta
-from jupyter_notebookos.replication.protocol import FIRST_SEQ, METADATA_KEY, CellDirective, LogRecord
+from jupyter_notebookos.replication.protocol import (
+    FIRST_SEQ,
+    METADATA_KEY,
+    CellDirective,
+    LogRecord,
+    stops_on_error,
+)
 from jupyter_notebookos.replication.serialization import SerializationAborted, UnreplicatedValue
 from jupyter_notebookos.replication.state import StateTracker
 from jupyter_notebookos.waiting import wait_event
@@ -72,12 +78,6 @@ VERIFY_PERIOD_S = 30.0
 #: cells); each further look waits twice as long, up to CHECKPOINT_RETRY_MAX_S.
 CHECKPOINT_RETRY_S = 2.0
 CHECKPOINT_RETRY_MAX_S = 120.0
-
-
-def _stops_on_error(parent: dict[str, Any]) -> bool:
-    """Whether a failed ``execute_request`` aborts the requests queued behind it (ipykernel's rule)."""
-    content = parent.get("content") or {}
-    return not content.get("silent", False) and bool(content.get("stop_on_error", True))
 
 
 @contextlib.contextmanager
@@ -749,7 +749,7 @@ class ReplicaKernel(IPythonKernel):
         evalue = "interrupted before the cell began; nothing ran"
         content = {"ename": "KeyboardInterrupt", "evalue": evalue, "traceback": [f"KeyboardInterrupt: {evalue}"]}
         assert self.session is not None
-        if _stops_on_error(parent):
+        if stops_on_error(parent.get("content") or {}):
             self._abort_queues()  # as ipykernel does for a failed cell ("Run All" stops here), before the reply goes
         self.session.send(self.iopub_socket, "error", content, parent, ident=self._topic("error"))
         reply = {"status": "error", "execution_count": self.execution_count, **content}
@@ -847,7 +847,7 @@ class ReplicaKernel(IPythonKernel):
         """Add ``metadata.notebookos`` to the reply; a failed cell's queue is aborted before its reply goes."""
         metadata = super().finish_metadata(parent, metadata, reply_content)
         metadata[METADATA_KEY] = self._reply_metadata(self._cell)
-        if reply_content.get("status") == "error" and _stops_on_error(parent):
+        if reply_content.get("status") == "error" and stops_on_error(parent.get("content") or {}):
             # ipykernel aborts the requests queued behind a failed cell ("Run All" stops there) after it queued the
             # reply: its _abort_queues flushes the shell stream, which sends the reply and then takes in what has
             # arrived, so a request its client sent on seeing the reply could be aborted too (CI: the cell after

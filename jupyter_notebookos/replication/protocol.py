@@ -98,6 +98,12 @@ DEFAULT_CHECKPOINT_EVERY = 32
 METADATA_KEY = "notebookos"
 
 
+def stops_on_error(content: dict[str, Any]) -> bool:
+    """Whether an ``execute_request`` with this content, if it fails, aborts the requests queued behind it
+    (ipykernel's rule: "Run All" stops at the first error). The router and the replica both apply it."""
+    return not content.get("silent", False) and bool(content.get("stop_on_error", True))
+
+
 def _dumps(obj: Any) -> str:
     return json.dumps(asdict(obj), separators=(",", ":"))
 
