@@ -188,7 +188,14 @@ def test_a_cell_that_runs_through_an_etcd_outage_longer_than_its_lease_finishes(
             since = log.read_text()[logged:]
             assert "registered again while it ran a cell" in since, "etcd did not end the executor's lease"
             after = conn.execute("x + 1", timeout=60)
-            assert after.status == "ok" and after.result_text() == "3"
+            assert after.status == "ok" and after.result_text() == "3", after.reply["content"]
+            # The cell's record went out, in whatever term the router opened next: every replica applies it.
+            seq = int(after.notebookos["seq"])
+            wait_for(
+                lambda: all(r["applied_seq"] >= seq for r in client.notebookos_kernel(kernel_id)["replicas"]),
+                30,
+                "every replica to apply the cells of and after the outage",
+            )
             assert {r["replica_id"]: r["pid"] for r in client.notebookos_kernel(kernel_id)["replicas"]} == pids
     finally:
         with contextlib.suppress(GatewayError):

@@ -419,8 +419,25 @@ class ReplicaAgent:
                 if isinstance(exc, LeaseLost):
                     await self._lease_other_than(lease)
                 continue
-            if result.succeeded or result.results[0].items or any(r.items for r in result.results[1:]):
-                break  # written; or refused for good: a new term is in force, or someone wrote a record (lost)
+            if result.succeeded or any(r.items for r in result.results[1:]):
+                break  # written; or someone wrote a record (an earlier attempt of ours, or the router: lost)
+            renewed = self._term_renewed_for_us(result.results[0].items, term)
+            if renewed is not None:
+                # Our lease ended with the term (an etcd outage outlived it) and the router, seeing the same
+                # process register again, opened the next cell's term for it before these records went out: they
+                # are this replica's own and still the log's next ones, so they go out in that term. (Refusing
+                # them made the replica reload its state without this cell: its changes were lost.)
+                log.info(
+                    "records %d..%d: the router opened a new executor term for this replica (fence %d); "
+                    "publishing them in it",
+                    records[0].seq,
+                    last,
+                    renewed,
+                )
+                term, term_ended = [election.fence(executor_key, renewed)], False
+                continue
+            if result.results[0].items:
+                break  # refused for good: a term of another replica (or process) is in force
             if term_ended:
                 # No term is in force and no one wrote the records, but this replica is not registered: its lease
                 # ended and the watchdog is registering it again (or ends the replica, if etcd does not let it).
@@ -431,9 +448,10 @@ class ReplicaAgent:
                 pause = min(pause * 2, PUBLISH_RETRY_MAX_S)
                 continue
             # The executor key is gone and none of the records is written: the term ended with our lease (an etcd
-            # outage outlived it), not with a new executor (the router opens the next term only once a replica
-            # applied these records, and closes them as lost before replacing us). The records go out while no
-            # term is in force, no one wrote them, and this replica is still registered.
+            # outage outlived it), not with a new executor (the router opens a term for another replica only once
+            # that one applied these records from the log, and closes them as lost before replacing us; a term it
+            # opens for this process is taken above). The records go out while no term is in force, no one wrote
+            # them, and this replica is still registered.
             log.info(
                 "records %d..%d: the executor term ended with this replica's lease; publishing them",
                 records[0].seq,
@@ -455,6 +473,18 @@ class ReplicaAgent:
                 o if o.written else (await self._publish([r], fence))[0] for r, o in zip(records, outcomes, strict=True)
             ]
         return outcomes
+
+    def _term_renewed_for_us(self, executor_items: list[Any], term: list[Compare]) -> int | None:
+        """The fence of the executor term in force, if the router opened it for this very process (the key names
+        this replica and is bound to its current lease, which no other process holds) and ``term`` is not it."""
+        if not executor_items or self.lease is None:
+            return None
+        current = executor_items[0]
+        if current.text != self.rid or current.lease != self.lease.id:
+            return None
+        if election.fence(current.key, current.create_revision) in term:
+            return None  # that term already failed this write: something else refused it
+        return int(current.create_revision)
 
     @staticmethod
     def _refusal(

@@ -580,6 +580,48 @@ def test_replica_outlives_etcd_going_away_and_registers_again_when_its_lease_is_
         cluster.stop()
 
 
+def test_a_record_held_up_by_an_ended_lease_goes_out_in_the_term_the_router_opens_again_for_it(
+    replicas: ReplicaFactory,
+) -> None:
+    """etcd ends the executor's lease (and so its term) while a cell runs; the same process registers again and
+    the router opens the next term for it before the cell's record went out (the client sends the next cell as
+    soon as it has the reply). That record is the replica's own and still the log's next one: it goes out in the
+    new term. It used to be refused ("no longer the executor"), and the replica reloaded its state without it."""
+    r0 = replicas.start("r0")
+    executor, registration = replicas.keys.executor(replicas.kernel_id), replicas.keys.replica(replicas.kernel_id, "r0")
+
+    def open_term(lease: int) -> int:  # as the router does: a fresh executor key, bound to the replica's lease
+        replicas.etcd.run(replicas.etcd.co.delete(executor))
+        return replicas.etcd.run(replicas.etcd.co.put(executor, "r0", lease=lease))
+
+    first = open_term(r0.registration.lease)
+    assert r0.execute("x = 1", CellDirective(seq=1, fence=first)).status == "ok"
+    replicas.wait_applied("r0", 1)
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(r0.execute, "import time\ntime.sleep(3)\nx = 2", CellDirective(seq=2, fence=first))
+        time.sleep(0.5)
+        replicas.etcd.run(replicas.etcd.co.revoke(r0.registration.lease))  # as etcd does after a long outage
+        again = wait_for(
+            lambda: (kv := replicas.etcd.get(registration)) and p.ReplicaRegistration.from_json(kv.value),
+            10,
+            "the replica to register again",
+        )
+        assert again.pid == r0.registration.pid and again.lease != r0.registration.lease
+        second = open_term(again.lease)  # the next cell's decision, committed while the cell still runs
+        assert running.result(30).status == "ok"
+    after = r0.execute("y = x + 1\nprint(y)", CellDirective(seq=3, fence=second))
+    assert after.status == "ok" and after.stdout == "3\n"
+    assert "x" in replicas.wait_record(2).names and "y" in replicas.wait_record(3).names
+    assert "NOT written" not in r0.log()
+    assert r0.execute("print(x, y)").stdout == "2 3\n", "the replica kept the cell's state"
+    # Only a term opened for this very process counts: one bound to another lease still refuses the record.
+    other = replicas.etcd.run(replicas.etcd.co.grant_lease(30))
+    open_term(other.id)
+    assert r0.execute("z = 1", CellDirective(seq=4, fence=second)).status == "ok"
+    wait_for(lambda: "log record 4 was NOT written" in r0.log(), 10, "the refusal of record 4")
+    assert log_keys(replicas) == [1, 2, 3]
+
+
 @pytest.mark.parametrize("raw", ["", "[]"])
 def test_no_gpus_configured(raw: str) -> None:
     from jupyter_notebookos.gpu.binding import HostGpu
