@@ -81,9 +81,11 @@ class NodeHosts:
             return
         if not joined:
             if node.ready and node.gpus > 0 and (self.provisioner is None or self.provisioner.accepts(node.name)):
-                await self.platform.add_host(node.name, node.gpus, simulated=False)
                 if self.provisioner is not None:
+                    # Counted before add_host's etcd write: the host is in the scheduler from its first line, and
+                    # the autoscaler must not count it twice (as a host and as a pending placeholder) meanwhile.
                     self.provisioner.node_joined(node.name)
+                await self.platform.add_host(node.name, node.gpus, simulated=False)
                 if node.cordoned:
                     self._cordon(node)
             return

@@ -261,9 +261,18 @@ async def test_a_migrated_replica_is_a_new_id_in_the_scheduler_the_router_and_th
 
 @pytest.mark.asyncio
 async def test_scale_out_asks_for_placeholders_off_existing_hosts_and_scale_in_deletes_them(
-    gateway: K8sGateway,
+    gateway: K8sGateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ready: list[tuple[str, int]] = []
+    coordinator = gateway.platform.coordinator
+    assert coordinator is not None
+    put = coordinator.put
+
+    async def slow_put(key: str, *args: Any, **kwargs: Any) -> int:
+        await asyncio.sleep(0.5)  # a slow etcd: a joining host is in the scheduler well before its key is written
+        return await put(key, *args, **kwargs)
+
+    monkeypatch.setattr(coordinator, "put", slow_put)
 
     async def on_ready(name: str, gpus: int) -> None:
         ready.append((name, gpus))
@@ -282,7 +291,7 @@ async def test_scale_out_asks_for_placeholders_off_existing_hosts_and_scale_in_d
     gateway.cluster.add_node("gpu-new", gpus=8)
     gateway.cluster.run_pod(NAMESPACE, placeholders[0]["metadata"]["name"], "gpu-new")
     await until(lambda: "gpu-new" in gateway.hosts())
-    assert gateway.provisioner.provisioning == 1
+    assert gateway.provisioner.provisioning == 1, "a joined node still counted as a placeholder waiting for one"
 
     # Scale-in: the drained host goes, and so does the placeholder that held its node.
     await gateway.platform.remove_host("gpu-new")
