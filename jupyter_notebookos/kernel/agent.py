@@ -421,7 +421,7 @@ class ReplicaAgent:
                 continue
             if result.succeeded or any(r.items for r in result.results[1:]):
                 break  # written; or someone wrote a record (an earlier attempt of ours, or the router: lost)
-            renewed = self._term_renewed_for_us(result.results[0].items, term)
+            renewed = self._term_renewed_for_us(executor_key, result.results[0].items, term)
             if renewed is not None:
                 # Our lease ended with the term (an etcd outage outlived it) and the router, seeing the same
                 # process register again, opened the next cell's term for it before these records went out: they
@@ -474,7 +474,7 @@ class ReplicaAgent:
             ]
         return outcomes
 
-    def _term_renewed_for_us(self, executor_items: list[Any], term: list[Compare]) -> int | None:
+    def _term_renewed_for_us(self, executor_key: str, executor_items: list[Any], term: list[Compare]) -> int | None:
         """The fence of the executor term in force, if the router opened it for this very process (the key names
         this replica and is bound to its current lease, which no other process holds) and ``term`` is not it."""
         if not executor_items or self.lease is None:
@@ -482,7 +482,7 @@ class ReplicaAgent:
         current = executor_items[0]
         if current.text != self.rid or current.lease != self.lease.id:
             return None
-        if election.fence(current.key, current.create_revision) in term:
+        if election.fence(executor_key, current.create_revision) in term:
             return None  # that term already failed this write: something else refused it
         return int(current.create_revision)
 
