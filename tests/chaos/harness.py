@@ -1,12 +1,12 @@
 """A chaos harness with a history checker, for `tests/chaos/` (short, in CI) and `benchmarks/chaos.py` (long).
 
 Several kernels run a deterministic workload while a seeded schedule injects faults: SIGKILL and SIGSTOP of
-replicas, SIGKILL of the executor in the middle of a cell, SIGSTOP of the etcd leader, SIGKILL of an etcd member
-(leader or not; `notebookos up` starts it again), SIGKILL of the gateway (`notebookos up` starts it again and it
-re-attaches to the running kernels; clients reconnect, as Lab does), and the object store made read-only for a few
-seconds, and (``partitions``, as root: the hosts are network namespaces) a host partitioned from etcd, the gateway
-and the other hosts for a few seconds. Every reply is recorded; the checker then holds the history against each
-kernel's final state:
+replicas, SIGKILL of the executor in the middle of a cell, SIGSTOP of the etcd leader, SIGSTOP of every etcd member
+for longer than a lease, SIGKILL of an etcd member (leader or not; `notebookos up` starts it again), SIGKILL of the
+gateway (`notebookos up` starts it again and it re-attaches to the running kernels; clients reconnect, as Lab
+does), the object store made read-only for a few seconds, and (``partitions``, as root: the hosts are network
+namespaces) a host partitioned from etcd, the gateway and the other hosts for a few seconds. Every reply is
+recorded; the checker then holds the history against each kernel's final state:
 
 - cell ``k`` of a kernel runs ``time.sleep(s); log.append(k); len(log)``. The final ``log`` holds each cell at
   most once, in order; an ``ok`` reply's ``len(log)`` is exactly its cell's position in the final log
@@ -46,6 +46,7 @@ FAULTS = (
     "stop-replica",
     "kill-executor-mid-cell",
     "stop-etcd-leader",
+    "stop-etcd-cluster",
     "kill-etcd-member",
     "kill-gateway",
     "read-only-store",
@@ -324,6 +325,29 @@ class ChaosRun:
                     proc.send_signal(signal.SIGCONT)
                     return f"SIGSTOP/SIGCONT etcd leader {endpoint}"
         return "no etcd leader found: nothing stopped"
+
+    def _stop_etcd_cluster(self, client: GatewayClient, kernel_id: str) -> str:
+        """Every etcd member SIGSTOPped for 6 to 10 s: longer than a replica's lease (5 s), so etcd ends every lease
+        when it comes back, the executors' too, while their cells may run; the replicas register again."""
+        urls = [
+            e if e.startswith("http") else f"http://{e}"
+            for e in json.loads((self.state_dir / RUNTIME_FILE).read_text())["etcd_endpoints"]
+        ]
+        members = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [""])[0].endswith("etcd") and any(u in " ".join(p.info["cmdline"]) for u in urls)
+        ]
+        pause = self.rng.uniform(6, 10)
+        for member in members:
+            member.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(pause)
+        finally:
+            for member in members:
+                with contextlib.suppress(psutil.Error):
+                    member.send_signal(signal.SIGCONT)
+        return f"SIGSTOP/SIGCONT of all {len(members)} etcd members for {pause:.1f} s"
 
     def _kill_etcd_member(self, client: GatewayClient, kernel_id: str) -> str:
         endpoint = self.rng.choice(json.loads((self.state_dir / RUNTIME_FILE).read_text())["etcd_endpoints"])

@@ -5,13 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from harness import ChaosRun, Reply, check_history
+from harness import FAULTS, ChaosRun, Reply, check_history
 
 pytestmark = pytest.mark.timeout(300)
 
 
+#: The schedule CI draws from. A whole-etcd outage (6-10 s of the 32) is left to `benchmarks/chaos.py` and to
+#: tests/test_etcd_failover.py, which covers it directly.
+CI_FAULTS = tuple(f for f in FAULTS if f != "stop-etcd-cluster")
+
+
 def test_a_seeded_fault_schedule_leaves_no_anomaly(tmp_path: Path) -> None:
-    report = ChaosRun(tmp_path / "state", seed=12, kernels=2, seconds=32, fault_every=4).run()
+    report = ChaosRun(tmp_path / "state", seed=12, kernels=2, seconds=32, fault_every=4, faults=CI_FAULTS).run()
     print(report, *report.faults, sep="\n")
     assert len(report.faults) >= 5 and report.acknowledged >= 20, str(report)
     assert report.anomalies == [], "\n".join(report.anomalies)
