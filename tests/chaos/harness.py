@@ -309,17 +309,27 @@ class ChaosRun:
             time.sleep(0.02)
         return f"no cell of {kernel_id[:8]} was running: nothing killed"
 
+    def _etcd_urls(self) -> list[str]:
+        return [
+            e if e.startswith("http") else f"http://{e}"
+            for e in json.loads((self.state_dir / RUNTIME_FILE).read_text())["etcd_endpoints"]
+        ]
+
+    @staticmethod
+    def _etcd_process(url: str) -> psutil.Process:
+        """The etcd member serving ``url`` (StopIteration if none: a member being started again)."""
+        return next(
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [""])[0].endswith("etcd") and url in " ".join(p.info["cmdline"])
+        )
+
     def _stop_etcd_leader(self, client: GatewayClient, kernel_id: str) -> str:
-        endpoints = json.loads((self.state_dir / RUNTIME_FILE).read_text())["etcd_endpoints"]
-        for endpoint in endpoints:
-            url = f"http://{endpoint}" if not endpoint.startswith("http") else endpoint
+        for url in self._etcd_urls():
+            endpoint = url.removeprefix("http://")
             with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/metrics", timeout=1) as reply:
                 if re.search(r"^etcd_server_is_leader 1\b", reply.read().decode(), re.MULTILINE):
-                    proc = next(
-                        p
-                        for p in psutil.process_iter(["cmdline"])
-                        if (p.info["cmdline"] or [""])[0].endswith("etcd") and url in " ".join(p.info["cmdline"])
-                    )
+                    proc = self._etcd_process(url)
                     proc.send_signal(signal.SIGSTOP)
                     time.sleep(self.rng.uniform(1, 3))
                     proc.send_signal(signal.SIGCONT)
@@ -329,15 +339,10 @@ class ChaosRun:
     def _stop_etcd_cluster(self, client: GatewayClient, kernel_id: str) -> str:
         """Every etcd member SIGSTOPped for 6 to 10 s: longer than a replica's lease (5 s), so etcd ends every lease
         when it comes back, the executors' too, while their cells may run; the replicas register again."""
-        urls = [
-            e if e.startswith("http") else f"http://{e}"
-            for e in json.loads((self.state_dir / RUNTIME_FILE).read_text())["etcd_endpoints"]
-        ]
-        members = [
-            p
-            for p in psutil.process_iter(["cmdline"])
-            if (p.info["cmdline"] or [""])[0].endswith("etcd") and any(u in " ".join(p.info["cmdline"]) for u in urls)
-        ]
+        members = []
+        for url in self._etcd_urls():
+            with contextlib.suppress(StopIteration):  # (a member being started again after a SIGKILL)
+                members.append(self._etcd_process(url))
         pause = self.rng.uniform(6, 10)
         for member in members:
             member.send_signal(signal.SIGSTOP)
@@ -350,15 +355,9 @@ class ChaosRun:
         return f"SIGSTOP/SIGCONT of all {len(members)} etcd members for {pause:.1f} s"
 
     def _kill_etcd_member(self, client: GatewayClient, kernel_id: str) -> str:
-        endpoint = self.rng.choice(json.loads((self.state_dir / RUNTIME_FILE).read_text())["etcd_endpoints"])
-        url = f"http://{endpoint}" if not endpoint.startswith("http") else endpoint
-        proc = next(
-            p
-            for p in psutil.process_iter(["cmdline"])
-            if (p.info["cmdline"] or [""])[0].endswith("etcd") and url in " ".join(p.info["cmdline"])
-        )
-        proc.send_signal(signal.SIGKILL)
-        return f"SIGKILL etcd member {endpoint} (notebookos up starts it again)"
+        url = self.rng.choice(self._etcd_urls())
+        self._etcd_process(url).send_signal(signal.SIGKILL)
+        return f"SIGKILL etcd member {url.removeprefix('http://')} (notebookos up starts it again)"
 
     def _kill_gateway(self, client: GatewayClient, kernel_id: str) -> str:
         assert self._platform is not None
