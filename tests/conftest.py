@@ -30,20 +30,36 @@ _own_port_range()
 
 #: How much of a platform's gateway log a failed test reports (CI keeps no files of a run).
 LOG_TAIL_LINES = 60
+#: ... and of each of its replicas' logs (those of kernels still running when the test failed).
+REPLICA_LOG_TAIL_LINES = 15
+
+
+def _tail(path: Path, lines: int) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """A test that failed with a platform in use reports the end of that platform's gateway log."""
+    """A test that failed with a platform in use (a fixture that is one, or holds one as ``.platform``) reports the
+    end of that platform's gateway log and of its replicas' logs."""
     outcome = yield
     report = outcome.get_result()
     if report.when != "call" or not report.failed:
         return
     for name, value in getattr(item, "funcargs", {}).items():
-        log = value.state_dir / "gateway.log" if isinstance(value, Platform) else None
-        if log is not None and log.exists():
-            lines = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
-            report.sections.append((f"end of the gateway log of fixture {name!r}", "\n".join(lines)))
+        platform = value if isinstance(value, Platform) else getattr(value, "platform", None)
+        if not isinstance(platform, Platform):
+            continue
+        log = platform.state_dir / "gateway.log"
+        if log.exists():
+            report.sections.append((f"end of the gateway log of fixture {name!r}", _tail(log, LOG_TAIL_LINES)))
+        for replica_log in sorted((platform.state_dir / "replicas").glob("*/*.log")):
+            report.sections.append(
+                (
+                    f"end of replica log {replica_log.parent.name[:8]}/{replica_log.name} of fixture {name!r}",
+                    _tail(replica_log, REPLICA_LOG_TAIL_LINES),
+                )
+            )
 
 
 @pytest.fixture

@@ -219,7 +219,10 @@ def kernel_of(client: GatewayClient, name: str = "python3-notebookos") -> Iterat
 
 def replace_a_follower(client: GatewayClient, kernel_id: str) -> str:
     """SIGKILL a follower of the kernel and wait for its replacement; returns the new replica's id."""
-    info = client.notebookos_kernel(kernel_id)
+    # No executor is named while the last one registers again (etcd ended its lease): then any replica could be it.
+    info = wait_for(
+        lambda: (i := client.notebookos_kernel(kernel_id))["executor"] is not None and i, 30, "an executor to be named"
+    )
     follower = next(r for r in info["replicas"] if r["replica_id"] != info["executor"])
     before = {r["replica_id"] for r in info["replicas"]}
     os.kill(follower["pid"], signal.SIGKILL)
