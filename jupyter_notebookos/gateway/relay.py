@@ -127,6 +127,10 @@ class RouterRelay(RouterState):
             registration.applied_seq,
         )
 
+    def _status(self, request: WireMessage, state: str) -> WireMessage:
+        """An iopub ``status`` message (``busy`` or ``idle``) for ``request``, sent in the kernel's name."""
+        return self.signer.make("status", {"execution_state": state}, request, idents=[b"kernel.status"])
+
     def _error_reply(self, cell: PendingCell, ename: str, evalue: str) -> None:
         """Answer ``cell`` with an error (reply on shell, error and idle on iopub)."""
         grant = cell.grant
@@ -156,7 +160,7 @@ class RouterRelay(RouterState):
                 cell.request,
                 idents=[b"kernel.error"],
             )
-            idle = self.signer.make("status", {"execution_state": "idle"}, cell.request, idents=[b"kernel.status"])
+            idle = self._status(cell.request, "idle")
             self._spawn(self._send_all(iopub, [error.frames(), idle.frames()]))
         if shell is not None:
             reply = self.signer.make("execute_reply", content, cell.request, metadata=metadata)
@@ -185,14 +189,14 @@ class RouterRelay(RouterState):
         """Answer a queued ``cell`` "aborted": busy and idle on iopub around the reply, as ipykernel does."""
         iopub, shell = self._sockets.get("iopub"), self._sockets.get("shell")
         if iopub is not None:
-            busy = self.signer.make("status", {"execution_state": "busy"}, cell.request, idents=[b"kernel.status"])
+            busy = self._status(cell.request, "busy")
             self._spawn(self._send_all(iopub, [busy.frames()]))
         if shell is not None:
             metadata = {"status": "aborted", METADATA_KEY: {"queued_ms": self._queued_ms(cell), "aborted": True}}
             reply = self.signer.make("execute_reply", {"status": "aborted"}, cell.request, metadata=metadata)
             self._spawn(self._send_all(shell, [reply.frames()]))
         if iopub is not None:
-            idle = self.signer.make("status", {"execution_state": "idle"}, cell.request, idents=[b"kernel.status"])
+            idle = self._status(cell.request, "idle")
             self._spawn(self._send_all(iopub, [idle.frames()]))
         if not cell.done.done():
             cell.done.set_result(None)

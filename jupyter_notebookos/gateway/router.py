@@ -398,9 +398,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
                 if not done:
                     # It waits for GPUs (or a migration): clients see the kernel busy meanwhile. A cell that
                     # gets its executor at once needs no extra message: the replica says busy itself.
-                    busy = self.signer.make(
-                        "status", {"execution_state": "busy"}, cell.request, idents=[b"kernel.status"]
-                    )
+                    busy = self._status(cell.request, "busy")
                     await self._sockets["iopub"].send_multipart(busy.frames())
                     notice = WaitNotice(
                         signer=self.signer,
