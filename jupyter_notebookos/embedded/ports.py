@@ -64,15 +64,12 @@ KERNEL_RANGE_MIN = 1000
 def kernel_range() -> tuple[int, int] | None:
     """The ports kernels' connection files are drawn from (both ends included): the range's last three quarters,
     which :func:`free_ports` never picks from; None where that part is too small for Enterprise Gateway."""
-    low, high = pick_range()
+    return _kernel_part(*pick_range())
+
+
+def _kernel_part(low: int, high: int) -> tuple[int, int] | None:
     first = low + (high - low + 1) // SERVICE_SHARE
     return (first, high) if high - first >= KERNEL_RANGE_MIN else None
-
-
-def _service_range() -> tuple[int, int]:
-    low, high = pick_range()
-    kernels = kernel_range()
-    return (low, kernels[0] - 1) if kernels is not None else (low, high)
 
 
 def exclude(*ports: int) -> None:
@@ -107,10 +104,12 @@ def _from_port_zero(count: int, host: str) -> list[int]:
 
 def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
     """``count`` distinct TCP ports on ``host`` that nothing is bound to right now."""
-    whole_low, whole_top = pick_range()
-    if whole_top - whole_low < 1000 and not os.environ.get(ENV_RANGE):
+    low, top = pick_range()
+    if top - low < 1000 and not os.environ.get(ENV_RANGE):
         return _from_port_zero(count, host)
-    low, top = _service_range()
+    kernels = _kernel_part(low, top)
+    if kernels is not None:
+        top = kernels[0] - 1  # the services' part: the kernels' is never picked from here
     draw = random.SystemRandom()
     picked: list[int] = []
     for _ in range(_ATTEMPTS):
