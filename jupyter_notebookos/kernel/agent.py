@@ -58,8 +58,6 @@ PUBLISH_RETRY_MAX_S = 2.0
 #: instead of once per cell. Every applied put is an etcd write plus a watch event for the gateway, and on a
 #: busy host those compete with the cell in flight for the same cores.
 APPLIED_REPORT_INTERVAL = 0.1
-#: How long the record of a cell that changed nothing may wait to go out with later records.
-HOLD_EMPTY_RECORDS_S = 0.1
 #: Most records held back for one transaction.
 MAX_HELD_RECORDS = 32
 #: How long a replica whose lease etcd ended keeps trying to register again before it gives up and exits.
@@ -341,10 +339,11 @@ class ReplicaAgent:
         while etcd is unreachable; the compare on the record's absence makes a retry safe.
 
         ``hold``: the record changes nothing (a cell that bound no name). It waits up to
-        :data:`HOLD_EMPTY_RECORDS_S` and goes out with the next record or with the others held meanwhile, in
-        one transaction: a burst of such cells costs etcd (and every follower's watch) one write, not one
-        per cell. Losing a held record loses no state: if this replica dies first, the router closes its
-        seq as ``lost``, which followers apply the same way (nothing changes).
+        ``settings.hold_empty_records_ms`` (``NOTEBOOKOS_HOLD_EMPTY_RECORDS_MS``, default 100; 0: not held) and
+        goes out with the next record or with the others held meanwhile, in one transaction: a burst of such
+        cells costs etcd (and every follower's watch) one write, not one per cell. Losing a held record loses
+        no state: if this replica dies first, the router closes its seq as ``lost``, which followers apply the
+        same way (nothing changes).
         """
         assert self._publish_lock is not None
         async with self._publish_lock:  # records go out in the order their cells ran
@@ -352,10 +351,11 @@ class ReplicaAgent:
                 await self._write_held()  # a new executor term: the older records go on their own
             written: asyncio.Future[PublishOutcome] = asyncio.get_running_loop().create_future()
             self._held.append((record, fence, written))
-            if not hold or len(self._held) >= MAX_HELD_RECORDS:
+            if not hold or len(self._held) >= MAX_HELD_RECORDS or not self.settings.hold_empty_records_ms:
                 await self._write_held()
             elif self._hold_timer is None:
-                self._hold_timer = asyncio.get_running_loop().call_later(HOLD_EMPTY_RECORDS_S, self._held_due)
+                delay = self.settings.hold_empty_records_ms / 1000
+                self._hold_timer = asyncio.get_running_loop().call_later(delay, self._held_due)
         return await written
 
     async def flush_held(self) -> None:

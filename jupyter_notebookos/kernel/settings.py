@@ -56,6 +56,7 @@ class ReplicaSettings:
     gpu_sticky: bool = False  # keep GPU state on the device between cells (GpuBinding.sticky)
     buffer_threshold: int = p.DEFAULT_BUFFER_THRESHOLD
     checkpoint_every: int = p.DEFAULT_CHECKPOINT_EVERY
+    hold_empty_records_ms: int = p.DEFAULT_HOLD_EMPTY_RECORDS_MS  # see ReplicaAgent.publish
     pod: str | None = None
     etcd_tls: EtcdTls | None = None
     etcd_credentials: EtcdCredentials | None = None
@@ -121,6 +122,7 @@ class ReplicaSettings:
             gpu_sticky=env.get(p.ENV_GPU_STICKY, "").strip().lower() in ("1", "true", "yes"),
             buffer_threshold=_int(env, p.ENV_BUFFER_THRESHOLD, p.DEFAULT_BUFFER_THRESHOLD, 0),
             checkpoint_every=_int(env, p.ENV_CHECKPOINT_EVERY, p.DEFAULT_CHECKPOINT_EVERY, 1),
+            hold_empty_records_ms=_int(env, p.ENV_HOLD_EMPTY_RECORDS_MS, p.DEFAULT_HOLD_EMPTY_RECORDS_MS, 0),
             pod=env.get(p.ENV_POD_NAME, "").strip() or None,
             etcd_tls=etcd_tls,
             etcd_credentials=etcd_credentials,

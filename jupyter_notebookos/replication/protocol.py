@@ -74,6 +74,8 @@ ENV_GPU_DEVICES = "NOTEBOOKOS_GPU_DEVICES"  # JSON list of the host's devices: [
 ENV_GPU_STICKY = "NOTEBOOKOS_GPU_STICKY"  # "1": GPU state stays on the device between cells until evicted
 ENV_BUFFER_THRESHOLD = "NOTEBOOKOS_BUFFER_THRESHOLD"  # bytes above which buffers go to the object store
 ENV_CHECKPOINT_EVERY = "NOTEBOOKOS_CHECKPOINT_EVERY"  # records in the log before a checkpoint is taken
+# ms the record of a cell that bound no name may wait to go out in one transaction with later records
+ENV_HOLD_EMPTY_RECORDS_MS = "NOTEBOOKOS_HOLD_EMPTY_RECORDS_MS"
 ENV_POD_NAME = "NOTEBOOKOS_POD_NAME"  # Kubernetes: the pod's name (downward API), for the registration
 # etcd client TLS (PEM file paths; unset: plain gRPC). Kubernetes: the mounted etcd TLS secret.
 ENV_ETCD_CA_CERT = "NOTEBOOKOS_ETCD_CA_CERT"
@@ -93,6 +95,7 @@ DEFAULT_ETCD_START_WITHIN = 20  # within the gateway's 60 s start timeout, with 
 FIRST_SEQ = 1
 DEFAULT_BUFFER_THRESHOLD = 1 << 20
 DEFAULT_CHECKPOINT_EVERY = 32
+DEFAULT_HOLD_EMPTY_RECORDS_MS = 100
 
 #: The key of our entry in request and reply metadata.
 METADATA_KEY = "notebookos"
