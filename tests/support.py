@@ -247,6 +247,23 @@ def run_on_replica(conn: KernelConnection, replica: str, code: str, timeout: flo
     return dict(reply)
 
 
+def hold_uploads_until(go: Path) -> str:
+    """Code for a cell that makes its replica hold each later upload of buffers until the file ``go`` exists (or
+    for 120 s): the replica replies, then waits to store the cell's state. A user's code may do anything to its
+    own replica; this is what a slow object store looks like from the gateway."""
+    return (
+        "import os as _os, time as _time\n"
+        "from jupyter_notebookos.kernel.statelog import StateLog as _StateLog\n"
+        "_finish = _StateLog.finish\n"
+        "def _held(self, pending, *args):\n"
+        "    deadline = _time.monotonic() + 120\n"
+        f"    while pending.views and not _os.path.exists({str(go)!r}) and _time.monotonic() < deadline:\n"
+        "        _time.sleep(0.05)\n"
+        "    return _finish(self, pending, *args)\n"
+        "_StateLog.finish = _held\n"
+    )
+
+
 def kill_the_gateway(platform: Platform, client: GatewayClient, kernel_id: str) -> None:
     """SIGKILL the platform's gateway and wait until its successor (``notebookos up`` starts one) lists the
     kernel again for ``client``."""

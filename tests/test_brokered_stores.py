@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import tempfile
+import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from s3_store import s3_store
 from support import (
     Platform,
+    hold_uploads_until,
     kill_the_gateway,
     replace_a_follower,
     run_on_replica,
@@ -170,5 +175,35 @@ def test_a_restarted_gateway_still_signs_for_the_kernels_replicas(brokered: Brok
         # The restarted gateway listed the store's kernel prefixes at start: deleting one still sees it.
         wait_for(lambda: not brokered.keys(kernel_id), 30, "the kernel's prefix to be deleted with it")
     finally:
+        with contextlib.suppress(GatewayError):
+            client.shutdown_kernel(kernel_id)
+
+
+def test_a_gateway_that_dies_before_a_cells_state_is_stored_gives_the_next_cell_the_next_seq(
+    brokered: Brokered,
+) -> None:
+    """A cell replies before its executor stores its state: the upload (signed by the gateway here) follows the
+    reply. A gateway that dies in between must leave the cell's seq known to its successor, which waits for the
+    record; were the seq handed to the next cell as well, one of the two cells' state would be lost although
+    both replied ok (a CI run lost the next cell's names this way)."""
+    platform, client = brokered.platform, brokered.platform.client
+    kernel_id = client.start_kernel(KERNEL)
+    go = Path(tempfile.gettempdir()) / f"notebookos-upload-{uuid.uuid4().hex}"
+    try:
+        with client.connect(kernel_id) as conn:
+            assert conn.execute("import numpy as np").status == "ok"
+            replica = client.notebookos_kernel(kernel_id)["executor"]
+            run_on_replica(conn, replica, hold_uploads_until(go))
+            run_on_replica(conn, replica, "before = np.ones(1 << 18)")  # 2 MiB: its upload waits
+        time.sleep(0.5)  # the router has handled the reply (the old code deleted the cell's record 0.1 s after)
+        kill_the_gateway(platform, client, kernel_id)
+        go.touch()
+        with client.connect(kernel_id) as conn:
+            assert conn.execute("after = np.full(1 << 18, 3.0)", timeout=60).status == "ok"
+            # Every replica holds both cells' state (run_on_replica requires an ok reply: no NameError).
+            for rid in [r["replica_id"] for r in client.notebookos_kernel(kernel_id)["replicas"]]:
+                run_on_replica(conn, rid, "assert before.sum() + after.sum() == 4 << 18")
+    finally:
+        go.unlink(missing_ok=True)
         with contextlib.suppress(GatewayError):
             client.shutdown_kernel(kernel_id)

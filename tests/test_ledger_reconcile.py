@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import Platform, etcd_admin, start_platform, stop_platform, wait_for
+from support import Platform, etcd_admin, hold_uploads_until, run_on_replica, start_platform, stop_platform, wait_for
 
 KERNEL = "python3-notebookos"
 ROUND_S = 1.0
@@ -73,3 +75,31 @@ def test_leftover_entries_go_within_two_rounds_and_the_gpu_serves_again(platform
             reply = conn.reply(msg_id, timeout=30)
             assert reply["content"]["status"] == "ok" and reply["metadata"]["notebookos"]["host"] == host
     client.shutdown_kernel(kernel_id)
+
+
+def test_a_cell_record_stays_until_the_cells_state_is_stored_and_its_gpu_is_free_at_the_reply(
+    platform: Platform,
+) -> None:
+    """A cell's record carries its seq, which a gateway that re-attaches after a crash must find: it stays in etcd
+    until the executor has stored the cell's state, across reconcile rounds, although the cell replied and its
+    GPU entry went at once."""
+    client = platform.client
+    kernel_id = client.start_kernel(KERNEL)
+    go = Path(tempfile.gettempdir()) / f"notebookos-upload-{uuid.uuid4().hex}"
+    cells = f"/kernels/{kernel_id}/cells/"
+    try:
+        with client.connect(kernel_id) as conn:
+            assert conn.execute("import numpy as np").status == "ok"
+            replica = client.notebookos_kernel(kernel_id)["executor"]
+            run_on_replica(conn, replica, hold_uploads_until(go))
+            wait_for(lambda: not etcd_admin(platform, read=cells), 10, "the earlier cells' records to go")
+            msg_id = run_on_replica(conn, replica, "big = np.ones(1 << 18)")["parent_header"]["msg_id"]
+            wait_for(lambda: not etcd_admin(platform, read="/gpus/"), 10, "the cell's GPU entry to go at its reply")
+            time.sleep(3 * ROUND_S + 0.5)  # the reconciler deletes the record of a finished cell within two rounds
+            assert list(etcd_admin(platform, read=cells)) == [f"/notebookos{cells}{msg_id}"]
+            go.touch()
+            wait_for(lambda: not etcd_admin(platform, read=cells), 10, "the record to go once the state is stored")
+            assert conn.execute("int(big.sum())").result_text() == str(1 << 18)
+    finally:
+        go.unlink(missing_ok=True)
+        client.shutdown_kernel(kernel_id)

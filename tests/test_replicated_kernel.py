@@ -6,14 +6,29 @@ import contextlib
 import json
 import os
 import signal
+import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 import websocket
-from support import REPO, Platform, jupyter_server, kernel_of, processes_of, start_platform, stop_platform, wait_for
+from support import (
+    REPO,
+    Platform,
+    etcd_admin,
+    hold_uploads_until,
+    jupyter_server,
+    kernel_of,
+    kill_the_gateway,
+    processes_of,
+    run_on_replica,
+    start_platform,
+    stop_platform,
+    wait_for,
+)
 
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
 from jupyter_notebookos.replication.writetrack import METHOD
@@ -463,6 +478,37 @@ def test_a_restarted_gateway_reattaches_to_running_kernels(tmp_path: Path) -> No
         client.shutdown_kernel(kernel_id)
         wait_for(lambda: not any(_alive(pid) for pid in before.values()), 20, "the replicas to exit on shutdown")
     finally:
+        stop_platform(platform)
+
+
+def test_a_restarted_gateway_adopts_a_cell_that_waits_behind_one_whose_state_is_not_stored(tmp_path: Path) -> None:
+    """Two cell records at a gateway crash: a cell that replied but whose state its executor has not stored yet
+    (its record stays until then), and the next cell, waiting on the executor for that upload and holding the
+    kernel's GPU. The new gateway re-attaches, counts the GPU for the later cell only, and both cells' state
+    reaches every replica in order."""
+    platform = start_platform(tmp_path / "state", "--hosts", "3", "--gpus-per-host", "1")
+    go = Path(tempfile.gettempdir()) / f"notebookos-upload-{uuid.uuid4().hex}"
+    try:
+        client = platform.client
+        kernel_id = client.start_kernel(KERNEL)
+        cells = f"/kernels/{kernel_id}/cells/"
+        with client.connect(kernel_id) as conn:
+            assert conn.execute("import numpy as np").status == "ok"
+            replica = client.notebookos_kernel(kernel_id)["executor"]
+            run_on_replica(conn, replica, hold_uploads_until(go))
+            run_on_replica(conn, replica, "first = np.ones(1 << 18)")  # replies; its upload waits
+            conn.send("shell", "execute_request", {"code": "second = 2", "silent": False})
+            wait_for(lambda: len(etcd_admin(platform, read=cells)) == 2, 10, "both cells' records")
+        kill_the_gateway(platform, client, kernel_id)  # (it waits until the new gateway re-attached the kernel)
+        go.touch()
+        with client.connect(kernel_id) as conn:
+            for host_replica in [r["replica_id"] for r in client.notebookos_kernel(kernel_id)["replicas"]]:
+                # Each runs on its own host's one GPU: none is counted as taken by a cell that is over.
+                run_on_replica(conn, host_replica, "assert first.sum() == 1 << 18 and second == 2")
+        wait_for(lambda: not etcd_admin(platform, read=cells), 10, "the cells' records to go")
+        client.shutdown_kernel(kernel_id)
+    finally:
+        go.unlink(missing_ok=True)
         stop_platform(platform)
 
 

@@ -118,7 +118,7 @@ class CellCommits(RouterState):
 
         ``upto`` is the log head when it was found dead: seqs handed out since belong to another executor."""
         try:
-            self.published_seq = max(self.published_seq, await self._published_seq())
+            self._published_through(await self._published_seq())
         except CoordinationError as err:
             log.error("kernel %s: cannot read the state log: %s", self.kernel_id, err)
             return
@@ -141,9 +141,42 @@ class CellCommits(RouterState):
                 names = self._changed.pop(seq, [])
                 record = LogRecord(seq=seq, kind="lost", msg_id="", replica_id=replica_id, names=names)
                 await self.coordinator.txn(compare=[Compare.absent(key)], success=[Op.put(key, record.to_json())])
-            self.published_seq = max(self.published_seq, upto)
+            self._published_through(upto)
         except CoordinationError as err:
             log.error("kernel %s: could not close log records %s: %s", self.kernel_id, list(seqs), err)
+
+    def _release_entries(self, cell: PendingCell) -> None:
+        """``cell`` is over: its GPU entries go now, its cell record once its state record is published.
+
+        The cell record carries the cell's seq. A gateway that re-attaches after a crash finds the seqs handed
+        out from the log, the checkpoint and these records; had the record gone at the reply while the executor
+        still uploaded the cell's state (a brokered store waits for the gateway to sign), the new gateway would
+        give the next cell the same seq, the executor's record for it would be refused, and the state of a cell
+        the user saw succeed would be lost. Kept, the new gateway adopts the cell and waits for its record.
+        """
+        cell_key = self.keys.cell(self.kernel_id, cell.request.msg_id)
+        entries = dict(cell.entries)
+        revision = entries.pop(cell_key, None)
+        if entries:
+            self.ledger.release(entries)
+        if revision is None:
+            return
+        if cell.seq <= self.published_seq:
+            self.ledger.release({cell_key: revision})
+        else:
+            self.unpublished[cell.seq] = (cell.request.msg_id, {cell_key: revision})
+
+    def _published_through(self, seq: int) -> None:
+        """Every record up to ``seq`` is in the log (or covered by the checkpoint, or closed as lost): the cell
+        records kept for them go, and adopted cells up to ``seq`` are over."""
+        if seq <= self.published_seq:
+            return
+        self.published_seq = seq
+        for held in [s for s in self.unpublished if s <= seq]:
+            self.ledger.release(self.unpublished.pop(held)[1])
+        for cell in self.adopted_cells:
+            if cell.seq <= seq and not cell.done.done():
+                cell.done.set_result(None)
 
     def _remember_changed(self, seq: int, names: list[str]) -> None:
         """Keep what cell ``seq`` changed until its record is surely published (the last few cells)."""

@@ -7,6 +7,7 @@ and restores the kernel's etcd identity. Kernels with no live replica left are c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -71,17 +72,7 @@ class Reattachment(PlatformState):
     ) -> None:
         assert self.coordinator is not None and self.ledger is not None
         kernel_id, gpus = session["kernel_id"], int(session["gpus"])
-        running = []
-        for c in await self.coordinator.get_prefix(self.coordinator.keys.cells_prefix(kernel_id)):
-            try:
-                cell = json.loads(c.value)
-                running.append(
-                    RunningCellSpec(
-                        kernel_id, str(cell["msg_id"]), int(cell["executor"]), tuple(cell.get("gpus", ())), self.now()
-                    )
-                )
-            except (ValueError, TypeError, KeyError, AttributeError) as err:
-                self.log.error("kernel %s: ignoring a malformed cell record at %s: %r", kernel_id, c.key, err)
+        running = await self._running_cell(kernel_id)
         decision = self.scheduler.adopt(
             [KernelSpec(kernel_id, gpus)],
             [ReplicaSlot(kernel_id, int(r.replica_id), r.host) for r in registrations],
@@ -117,3 +108,44 @@ class Reattachment(PlatformState):
             kernel_id,
             ", ".join(f"{r.replica_id}@{r.host}" for r in registrations),
         )
+
+    async def _running_cell(self, kernel_id: str) -> list[RunningCellSpec]:
+        """The kernel's cell that may still run, for the scheduler, with the GPUs it still holds.
+
+        A kernel runs one cell at a time, so only the cell record with the highest seq can be running; the
+        others are of cells that replied but whose state record was not published yet (the router keeps
+        their records until then). A cell holds the GPUs whose ledger entries still name it: entries of a
+        cell that replied may be deleted, and their GPUs taken by another kernel's cell since.
+        """
+        assert self.coordinator is not None
+        keys = self.coordinator.keys
+        latest: tuple[int, RunningCellSpec, str] | None = None
+        for c in await self.coordinator.get_prefix(keys.cells_prefix(kernel_id)):
+            try:
+                cell = json.loads(c.value)
+                devices = tuple(int(d) for d in cell.get("gpus", ()))
+                spec = RunningCellSpec(kernel_id, str(cell["msg_id"]), int(cell["executor"]), devices, self.now())
+                seq, host = int(cell.get("seq", 0)), str(cell.get("host"))
+            except (ValueError, TypeError, KeyError, AttributeError) as err:
+                self.log.error("kernel %s: ignoring a malformed cell record at %s: %r", kernel_id, c.key, err)
+                continue
+            if latest is None or seq > latest[0]:
+                latest = (seq, spec, host)
+        if latest is None:
+            return []
+        _, spec, host = latest
+        held = []
+        for device in spec.device_ids:
+            entry = await self.coordinator.get(keys.gpu(host, device))
+            if entry is not None and _names_cell(entry.value, spec.cell_id):
+                held.append(device)
+        return [dataclasses.replace(spec, device_ids=tuple(held))]
+
+
+def _names_cell(entry: bytes, msg_id: str) -> bool:
+    """Whether a GPU-ledger entry is held by cell ``msg_id``."""
+    try:
+        value = json.loads(entry)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and value.get("msg_id") == msg_id

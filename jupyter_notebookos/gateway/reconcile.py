@@ -68,13 +68,15 @@ class LedgerReconciler(PeriodicRounds):
         self._suspect_cells: set[tuple[str, str]] = set()
 
     def live_cells(self) -> set[tuple[str, str]]:
-        """(kernel, msg_id) of every cell a router holds: running, waiting for GPUs, or adopted."""
+        """(kernel, msg_id) of every cell a router holds: running, waiting for GPUs, adopted, or replied but
+        with its state record not published yet (its cell record holds its seq until then)."""
         live = set()
         for kernel_id, record in self.platform.kernels.items():
             router = record.router
             for cell in (router.running, router.waiting, *router.adopted_cells):
                 if cell is not None:
                     live.add((kernel_id, cell.request.msg_id))
+            live.update((kernel_id, msg_id) for msg_id, _ in router.unpublished.values())
         return live
 
     async def run_round(self) -> ReconcileRound:

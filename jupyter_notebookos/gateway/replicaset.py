@@ -89,15 +89,19 @@ class ReplicaSetView(RouterState):
             else:
                 self._replica_gone(name, "its etcd lease ended (process exited or unreachable)")
         elif section == "applied" and name and event.type is EventType.PUT:
-            self.replicas.note_applied(name, int(event.value))
+            # A replica reports only seqs whose records are in the log: the executor in the transaction that
+            # publishes them, a follower once it applied them from the log.
+            applied = int(event.value)
+            self.replicas.note_applied(name, applied)
+            self._published_through(applied)
         elif section == "log" and name and event.type is EventType.PUT:
             seq = self.keys.seq_of(event.key)
             self.log_head = max(self.log_head, seq)
-            self.published_seq = max(self.published_seq, seq)
+            self._published_through(seq)
         elif section == "checkpoint" and event.type is EventType.PUT:
             seq = int(json.loads(event.value).get("seq", 0))
             self.log_head = max(self.log_head, seq)
-            self.published_seq = max(self.published_seq, seq)
+            self._published_through(seq)
         elif section == "executor" and event.type is EventType.DELETE and self.executor is not None:
             self.executor, self.fence = None, 0
         self.changed.set()

@@ -122,6 +122,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         self._queue: asyncio.Queue[PendingCell] = asyncio.Queue()
         self.adopted_cells: list[PendingCell] = []  # running when a previous gateway died
         self._changed: dict[int, list[str]] = {}  # log seq -> names its cell's reply said it changed
+        self.unpublished: dict[int, tuple[str, dict[str, int]]] = {}
         self._closing: set[str] = set()  # replicas whose unpublished seqs are being closed as lost
 
         self._routes: OrderedDict[str, str] = OrderedDict()  # request msg_id -> replica id
@@ -139,7 +140,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             await self.coordinator.delete_prefix(self.keys.kernel_prefix(self.kernel_id))
             self._executor_key_absent = True
         snapshot = await self.coordinator.get_prefix(self.keys.kernel_prefix(self.kernel_id))
-        running: list[tuple[str, bytes, int]] = []
+        running: list[tuple[int, str, dict[str, Any], int]] = []
         for kv in snapshot:
             event = WatchEvent(EventType.PUT, kv.key, kv.value, kv.mod_revision, kv.create_revision)
             if not self._apply_checked(event):
@@ -150,10 +151,16 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
                 self.executor, self.fence = kv.value.decode(errors="replace"), kv.create_revision
                 self.last_executor = self.executor
             elif section == "cells":
-                running.append((kv.key, kv.value, kv.mod_revision))
-        for key, value, revision in running:
+                try:
+                    record = json.loads(kv.value)
+                    running.append((int(record.get("seq", 0)), kv.key, record, kv.mod_revision))
+                except MALFORMED as err:
+                    log.error("kernel %s: ignoring a malformed cell record at %s: %r", self.kernel_id, kv.key, err)
+        # In seq order: all but the last had replied, and their state records are awaited in turn.
+        running.sort(key=lambda cell: cell[0])
+        for i, (_, key, record, revision) in enumerate(running):
             try:
-                self._adopt_running_cell(json.loads(value), revision)
+                self._adopt_running_cell(record, revision, replied=i < len(running) - 1)
             except MALFORMED as err:
                 log.error("kernel %s: ignoring a malformed cell record at %s: %r", self.kernel_id, key, err)
         # Only what the router must react to: registrations and applied sequences. The log itself (large
@@ -168,25 +175,32 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         self._spawn(self._heartbeat_loop())
         self._spawn(self._dispatch_loop())
 
-    def _adopt_running_cell(self, record: dict[str, Any], revision: int) -> None:
-        """A cell that was running when the previous gateway died: release its GPUs when it replies.
+    def _adopt_running_cell(self, record: dict[str, Any], revision: int, *, replied: bool = False) -> None:
+        """A cell that was running when the previous gateway died: release its GPUs when it replies, and its
+        cell record once its state record is published (the next cell waits for that).
 
-        A cell whose state record is already in the log had finished (only its GPU entries were not deleted
-        yet): its entries are deleted instead. ``revision`` wrote the cell record and its GPU entries."""
-        entries = {self.keys.cell(self.kernel_id, record["msg_id"]): revision}
-        entries.update({self.keys.gpu(str(record["host"]), d): revision for d in record.get("gpus", ())})
+        A cell whose state record is already in the log had finished (only its entries were not deleted
+        yet): its entries are deleted instead. ``replied``: a later cell has a record, so this one replied;
+        its GPU entries go now. ``revision`` wrote the cell record and its GPU entries (deletes are
+        conditional on it: an entry taken since by another cell stays)."""
+        cell_key = self.keys.cell(self.kernel_id, record["msg_id"])
+        gpus = {self.keys.gpu(str(record["host"]), d): revision for d in record.get("gpus", ())}
         if int(record.get("seq", 0)) <= self.published_seq:
-            self.ledger.release(entries)
+            self.ledger.release({cell_key: revision, **gpus})
             self.planner.release(self.kernel_id, record["msg_id"])
             return
+        devices = tuple(record.get("gpus", ()))
+        if replied:
+            self.ledger.release(gpus)
+            gpus, devices = {}, ()
         header = json.dumps({"msg_id": record["msg_id"], "msg_type": "execute_request"}).encode()
         request = WireMessage([], b"", header, b"{}", b"{}", b"{}")
         cell = PendingCell(request, time.monotonic(), attempt=int(record.get("attempt", 1)))
         cell.seq = int(record.get("seq", 0))
-        cell.grant = CellGrant(str(record["executor"]), str(record["host"]), tuple(record.get("gpus", ())), "adopted")
+        cell.grant = CellGrant(str(record["executor"]), str(record["host"]), devices, "adopted")
         cell.started = time.monotonic()
         cell.began_executing = True
-        cell.entries = entries
+        cell.entries = {cell_key: revision, **gpus}
         self.log_head = max(self.log_head, cell.seq)
         self.adopted_cells.append(cell)
         self._queue.put_nowait(cell)
@@ -372,7 +386,8 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         self._remember_route(cell.request.msg_id, cell.grant.replica_id)
         try:
             # Its reply may never come (it finished while no gateway listened): its published state record
-            # says it is over as well.
+            # says it is over as well (the watch's applied reports end the wait, see _published_through; etcd is
+            # asked now and then too).
             while not cell.done.done():
                 await asyncio.wait({cell.done}, timeout=ADOPTED_POLL_S)  # not wait_for: it may swallow a cancel
                 if not cell.done.done():
@@ -383,7 +398,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             self.adopted_cells.remove(cell)
             self.running = None
             self.planner.release(self.kernel_id, cell.request.msg_id)
-            self.ledger.release(cell.entries)
+            self._release_entries(cell)
 
     async def _attempt_cell(self, cell: PendingCell) -> None:
         msg_id = cell.request.msg_id
@@ -472,7 +487,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             self.running = None
             self.planner.release(self.kernel_id, msg_id)
             self.gpu_seconds += (time.monotonic() - cell.started) * len(grant.devices)
-            self.ledger.release(cell.entries)
+            self._release_entries(cell)
 
     def _fail_running_cell(self, cell: PendingCell, registration: ReplicaRegistration, why: str) -> None:
         self.replica_lost(registration.replica_id)

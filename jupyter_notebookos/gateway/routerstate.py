@@ -76,6 +76,9 @@ class RouterState:
     _queue: asyncio.Queue[PendingCell]
     adopted_cells: list[PendingCell]
     _changed: dict[int, list[str]]
+    # Cells that replied but whose state record is not published yet: seq -> (msg_id, its cell record -> revision).
+    # The cell record stays in etcd until then (see CellCommits._release_entries).
+    unpublished: dict[int, tuple[str, dict[str, int]]]
     _closing: set[str]
     _routes: OrderedDict[str, str]
     _evictions: dict[str, asyncio.Future[dict[str, Any]]]  # evict request msg_id -> the replica's answer
@@ -91,6 +94,8 @@ class RouterState:
         def quorum(self) -> bool: ...
 
         def _remember_changed(self, seq: int, names: list[str]) -> None: ...
+
+        def _published_through(self, seq: int) -> None: ...
 
         def _replica_registered(self, registration: ReplicaRegistration) -> None: ...
 
