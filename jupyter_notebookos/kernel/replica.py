@@ -355,6 +355,11 @@ class ReplicaKernel(IPythonKernel):
         the others mark as not replicated): it keeps the values, and tells the user with the next cell."""
         self.lost_changes.add(seq, names, reason, kept=True)
 
+    def _changes_refused(self, seq: int, names: list[str], reason: str) -> None:
+        """This replica's own record ``seq`` was refused: the reload from the log drops the cell's changes, and
+        the next cell this replica runs says so."""
+        self.lost_changes.add(seq, names, reason, refused=True)
+
     def _resync(self) -> None:
         """Reload the namespace from the checkpoint and the log (after a refused publication)."""
         self._needs_resync = False
@@ -589,6 +594,9 @@ class ReplicaKernel(IPythonKernel):
                     uploaded.set_result(None)
             uploaded_ms = (time.perf_counter() - started) * 1e3
             outcome = await agent.publish(record, directive.fence, hold=pending.empty)
+            if not outcome.written:
+                changed = sorted({*record.names, *record.deleted})
+                io_loop.add_callback(self._changes_refused, directive.seq, changed, outcome.reason)
             took_ms = (time.perf_counter() - started) * 1e3
             # One line per cell at INFO only when there is something to say: a log write per trivial cell
             # is a measurable share of its cost. (An empty record is held back on purpose: its wait is no news.)

@@ -141,8 +141,13 @@ def test_directed_cell_publishes_exactly_one_fenced_record(replicas: ReplicaFact
     assert "log record 3 was NOT written" in r0.log()
     assert "no longer the executor" in r0.log()
     assert log_keys(replicas) == [1, 2]
-    # It reloads its state from the log: the refused cell's effect is gone.
-    assert r0.execute("print('z' in globals(), y)").stdout == "False 42\n"
+    # It reloads its state from the log: the refused cell's effect is gone, and its next cell (here seq 3 again,
+    # as the log never got it) says so, naming what was lost.
+    cell = r0.execute("print('z' in globals(), y)", CellDirective(seq=3, fence=fence))
+    assert cell.stdout == "False 42\n"
+    assert "changes an earlier cell made to z were lost" in cell.stderr
+    assert "log record 3) was refused" in cell.stderr and "z is not defined" in cell.stderr
+    assert "lost" not in r0.execute("pass", CellDirective(seq=4, fence=fence)).stderr  # told once
 
 
 def test_records_of_cells_that_bind_nothing_go_out_together(replicas: ReplicaFactory) -> None:
