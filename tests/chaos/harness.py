@@ -36,7 +36,7 @@ import psutil
 import websocket
 
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
-from jupyter_notebookos.embedded.platform import RUNTIME_FILE
+from jupyter_notebookos.embedded.platform import MAX_RESTARTS, RESTART_WINDOW_S, RUNTIME_FILE
 from jupyter_notebookos.embedded.runner import PlatformProcess, processes_of
 from jupyter_notebookos.launchers.hostnet import HostNetwork
 
@@ -149,6 +149,7 @@ class ChaosRun:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._platform: PlatformProcess | None = None
+        self._gateway_kills: list[float] = []  # when the gateway was killed (monotonic)
 
     def run(self) -> ChaosReport:
         platform = PlatformProcess.start(
@@ -361,6 +362,12 @@ class ChaosRun:
 
     def _kill_gateway(self, client: GatewayClient, kernel_id: str) -> str:
         assert self._platform is not None
+        now = time.monotonic()
+        self._gateway_kills = [t for t in self._gateway_kills if now - t < RESTART_WINDOW_S]
+        if len(self._gateway_kills) >= MAX_RESTARTS:
+            # `notebookos up` takes more restarts than that within the window for a crash loop and stops.
+            return f"SIGKILL gateway skipped: killed {MAX_RESTARTS} times within {RESTART_WINDOW_S:.0f} s already"
+        self._gateway_kills.append(now)
         gateway = next(p for p in self._platform.descendants() if "jupyter_notebookos.gateway" in " ".join(p.cmdline()))
         gateway.send_signal(signal.SIGKILL)
         gateway.wait(10)  # gone before asking for the new one: the old one may still answer for a moment
