@@ -13,6 +13,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # (the harness uses tests/support.py, as the tests do)
 
 from tests.chaos.harness import FAULTS, ChaosRun  # noqa: E402
 

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
+
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
 from jupyter_notebookos.coordination.client import Coordinator
 from jupyter_notebookos.embedded.etcd import EtcdBinaryMissing, EtcdCluster, find_etcd_binary
@@ -262,6 +264,17 @@ def hold_uploads_until(go: Path) -> str:
         "    return _finish(self, pending, *args)\n"
         "_StateLog.finish = _held\n"
     )
+
+
+def etcd_member(endpoint: str) -> psutil.Process | None:
+    """The etcd member process serving client ``endpoint`` (``host:port`` or its URL), or None (one that was killed
+    and is not started again yet)."""
+    url = endpoint if endpoint.startswith("http") else f"http://{endpoint}"
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if cmdline and cmdline[0].endswith("etcd") and f"--listen-client-urls={url}" in "=".join(cmdline):
+            return proc
+    return None
 
 
 def kill_the_gateway(platform: Platform, client: GatewayClient, kernel_id: str) -> None:

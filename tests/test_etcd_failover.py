@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from support import Platform, start_platform, stop_platform, wait_for
+from support import Platform, etcd_member, start_platform, stop_platform, wait_for
 
 from jupyter_notebookos.client import GatewayError
 from jupyter_notebookos.embedded.platform import RUNTIME_FILE
@@ -60,16 +60,6 @@ def stopped(members: list[psutil.Process]) -> Iterator[None]:
             member.send_signal(signal.SIGCONT)
 
 
-def etcd_process(endpoint: str) -> psutil.Process | None:
-    """The etcd member serving ``endpoint``, or None (a member an earlier test killed)."""
-    url = endpoint if endpoint.startswith("http") else f"http://{endpoint}"
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if cmdline and cmdline[0].endswith("etcd") and f"--listen-client-urls={url}" in "=".join(cmdline):
-            return proc
-    return None
-
-
 def test_sigkill_of_the_etcd_leader_fails_no_cell(platform: Platform) -> None:
     client = platform.client
     kernel_id = client.start_kernel(KERNEL)
@@ -79,7 +69,7 @@ def test_sigkill_of_the_etcd_leader_fails_no_cell(platform: Platform) -> None:
             leader = wait_for(
                 lambda: next((e for e in etcd_endpoints(platform) if is_leader(e)), None), 10, "an etcd leader"
             )
-            member = etcd_process(leader)
+            member = etcd_member(leader)
             assert member is not None
             member.send_signal(signal.SIGKILL)
             killed = time.monotonic()
@@ -91,7 +81,7 @@ def test_sigkill_of_the_etcd_leader_fails_no_cell(platform: Platform) -> None:
             assert not errors, errors
             assert results[-1].result_text() == str(len(results))
             # `notebookos up` started the killed member again, on its port and data, and it rejoined.
-            back = wait_for(lambda: etcd_process(leader), 30, "notebookos up to start the killed etcd member again")
+            back = wait_for(lambda: etcd_member(leader), 30, "notebookos up to start the killed etcd member again")
             assert back.pid != member.pid
             wait_for(lambda: member_healthy(leader), 30, "the restarted member to rejoin its cluster")
     finally:
@@ -102,7 +92,7 @@ def test_sigkill_of_the_etcd_leader_fails_no_cell(platform: Platform) -> None:
 def test_replicas_outlive_a_60_second_etcd_outage_with_their_memory(platform: Platform) -> None:
     client = platform.client
     kernel_id = client.start_kernel(KERNEL)
-    members = [m for m in map(etcd_process, etcd_endpoints(platform)) if m is not None]  # the live ones
+    members = [m for m in map(etcd_member, etcd_endpoints(platform)) if m is not None]  # the live ones
     assert members
     try:
         with client.connect(kernel_id) as conn:
@@ -168,7 +158,7 @@ def test_a_cell_that_runs_through_an_etcd_outage_longer_than_its_lease_finishes(
     through the rejoin grace: the output and the reply arrive, and the next cell sees the cell's state."""
     client = platform.client
     kernel_id = client.start_kernel(KERNEL)
-    members = [m for m in map(etcd_process, etcd_endpoints(platform)) if m is not None]
+    members = [m for m in map(etcd_member, etcd_endpoints(platform)) if m is not None]
     assert members
     log = platform.state_dir / "gateway.log"
     try:
@@ -208,7 +198,7 @@ def test_an_interrupt_while_the_router_commits_the_cell_stops_it(platform: Platf
     then ran to its end. etcd is paused here so that the window lasts, shorter than the etcd deadline (5 s)."""
     client = platform.client
     kernel_id = client.start_kernel(KERNEL)
-    members = [m for m in map(etcd_process, etcd_endpoints(platform)) if m is not None]
+    members = [m for m in map(etcd_member, etcd_endpoints(platform)) if m is not None]
     assert members
     try:
         with client.connect(kernel_id) as conn:

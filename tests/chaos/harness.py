@@ -34,6 +34,7 @@ from typing import Any
 
 import psutil
 import websocket
+from support import etcd_member
 
 from jupyter_notebookos.client import GatewayClient, GatewayError, KernelConnection
 from jupyter_notebookos.embedded.platform import MAX_RESTARTS, RESTART_WINDOW_S, RUNTIME_FILE
@@ -318,12 +319,11 @@ class ChaosRun:
 
     @staticmethod
     def _etcd_process(url: str) -> psutil.Process:
-        """The etcd member serving ``url`` (StopIteration if none: a member being started again)."""
-        return next(
-            p
-            for p in psutil.process_iter(["cmdline"])
-            if (p.info["cmdline"] or [""])[0].endswith("etcd") and url in " ".join(p.info["cmdline"])
-        )
+        """The etcd member serving ``url`` (psutil.NoSuchProcess if none: a member being started again)."""
+        member = etcd_member(url)
+        if member is None:
+            raise psutil.NoSuchProcess(0, msg=f"no etcd member serves {url} now (it is being started again)")
+        return member
 
     def _stop_etcd_leader(self, client: GatewayClient, kernel_id: str) -> str:
         for url in self._etcd_urls():
