@@ -340,10 +340,8 @@ class ChaosRun:
     def _stop_etcd_cluster(self, client: GatewayClient, kernel_id: str) -> str:
         """Every etcd member SIGSTOPped for 6 to 10 s: longer than a replica's lease (5 s), so etcd ends every lease
         when it comes back, the executors' too, while their cells may run; the replicas register again."""
-        members = []
-        for url in self._etcd_urls():
-            with contextlib.suppress(StopIteration):  # (a member being started again after a SIGKILL)
-                members.append(self._etcd_process(url))
+        # (None: a member being started again after a SIGKILL)
+        members = [m for m in map(etcd_member, self._etcd_urls()) if m is not None]
         pause = self.rng.uniform(6, 10)
         for member in members:
             member.send_signal(signal.SIGSTOP)
