@@ -14,6 +14,7 @@ from typing import Any
 from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.coordination.quarantine import quarantine
 from jupyter_notebookos.gateway.platformstate import PlatformState
+from jupyter_notebookos.gateway.reconcile import entry_cell
 from jupyter_notebookos.gateway.records import KernelRecord
 from jupyter_notebookos.gateway.sessions import parse_session
 from jupyter_notebookos.launchers.base import ReplicaHandle
@@ -137,15 +138,6 @@ class Reattachment(PlatformState):
         held = []
         for device in spec.device_ids:
             entry = await self.coordinator.get(keys.gpu(host, device))
-            if entry is not None and _names_cell(entry.value, spec.cell_id):
+            if entry is not None and entry_cell(entry) == (kernel_id, spec.cell_id):
                 held.append(device)
         return [dataclasses.replace(spec, device_ids=tuple(held))]
-
-
-def _names_cell(entry: bytes, msg_id: str) -> bool:
-    """Whether a GPU-ledger entry is held by cell ``msg_id``."""
-    try:
-        value = json.loads(entry)
-    except ValueError:
-        return False
-    return isinstance(value, dict) and value.get("msg_id") == msg_id

@@ -89,7 +89,7 @@ class LedgerReconciler(PeriodicRounds):
         keys = co.keys
         found: list[tuple[KeyValue, tuple[str, str] | None]] = []
         for kv in await co.get_prefix(keys.gpus_prefix()):
-            found.append((kv, _entry_cell(kv)))
+            found.append((kv, entry_cell(kv)))
         for kernel_id in list(platform.kernels):
             for kv in await co.get_prefix(keys.cells_prefix(kernel_id)):
                 found.append((kv, (kernel_id, keys.last_segment(kv.key)) if _is_json_object(kv) else None))
@@ -130,7 +130,7 @@ def _is_json_object(kv: KeyValue) -> bool:
         return False
 
 
-def _entry_cell(kv: KeyValue) -> tuple[str, str] | None:
+def entry_cell(kv: KeyValue) -> tuple[str, str] | None:
     """(kernel, msg_id) a GPU-ledger entry names, or None when it is malformed."""
     try:
         entry = json.loads(kv.value)
