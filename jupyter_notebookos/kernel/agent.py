@@ -504,10 +504,11 @@ class ReplicaAgent:
             )
         return PublishOutcome(record.seq, False, election.term_refusal(executor_key, executor_items, fence))
 
-    async def checkpoint_due(self, head_seq: int, every: int) -> list[int] | None:
-        """The log seqs a checkpoint at ``head_seq`` may delete, when that is at least ``every`` records.
+    async def checkpoint_due(self, head_seq: int, every: int) -> tuple[list[int] | None, int | None]:
+        """The log seqs a checkpoint at ``head_seq`` may delete, when that is at least ``every`` records (else
+        None), and the seq of the kernel's checkpoint now (None without one).
 
-        Records up to the lowest seq every registered replica has applied may go; None when too few can.
+        Records up to the lowest seq every registered replica has applied may go.
         """
         co = self._co()
         result = await co.txn(
@@ -516,9 +517,11 @@ class ReplicaAgent:
                 Op.get(self.keys.log_prefix(self.kid), prefix=True),
                 Op.get(self.keys.replicas_prefix(self.kid), prefix=True),
                 Op.get(self.keys.applied_prefix(self.kid), prefix=True),
+                Op.get(self.keys.checkpoint(self.kid)),
             ],
         )
-        log_items, replica_items, applied_items = (r.items for r in result.results)
+        log_items, replica_items, applied_items, checkpoint_items = (r.items for r in result.results)
+        current = CheckpointPointer.from_json(checkpoint_items[0].value).seq if checkpoint_items else None
         applied = {KeyLayout.last_segment(kv.key): int(kv.text) for kv in applied_items}
         floor = head_seq
         for kv in replica_items:
@@ -529,7 +532,7 @@ class ReplicaAgent:
                 registered = FIRST_SEQ - 1
             floor = min(floor, max(applied.get(rid, registered), registered))
         deletable = [s for s in (KeyLayout.seq_of(kv.key) for kv in log_items) if s <= floor]
-        return deletable[:MAX_DELETES_PER_TXN] if len(deletable) >= every else None
+        return (deletable[:MAX_DELETES_PER_TXN] if len(deletable) >= every else None), current
 
     async def commit_checkpoint(self, pointer: CheckpointPointer, delete: list[int], fence: int) -> bool:
         """Point the kernel's checkpoint key at ``pointer`` and delete records ``delete``, in one txn.

@@ -28,7 +28,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -39,7 +39,13 @@ from jupyter_notebookos.gpu.binding import GpuBinding
 from jupyter_notebookos.kernel.agent import PublishOutcome, ReplicaAgent
 from jupyter_notebookos.kernel.lostchanges import LostChanges
 from jupyter_notebookos.kernel.settings import ReplicaSettings
-from jupyter_notebookos.kernel.statelog import PendingDelta, StateLog, collect_unreferenced, serialize_delta
+from jupyter_notebookos.kernel.statelog import (
+    CheckpointPart,
+    PendingDelta,
+    StateLog,
+    collect_unreferenced,
+    serialize_delta,
+)
 from jupyter_notebookos.replication.protocol import (
     FIRST_SEQ,
     METADATA_KEY,
@@ -77,6 +83,8 @@ VERIFY_PERIOD_S = 30.0
 #: if no cell came meanwhile (otherwise a notebook that goes quiet right then keeps its whole log until its next
 #: cells); each further look waits twice as long, up to CHECKPOINT_RETRY_MAX_S.
 CHECKPOINT_RETRY_S = 2.0
+#: How many records' changed names a replica keeps for its next checkpoint (beyond that it pickles everything).
+TOUCHED_RECORDS_KEPT = 4096
 CHECKPOINT_RETRY_MAX_S = 120.0
 
 
@@ -192,7 +200,14 @@ class ReplicaKernel(IPythonKernel):
         self._next_checkpoint_check = FIRST_SEQ
         self._checkpoint_retry: object | None = None  # the timer of a put-off checkpoint's next look
         self._own_seq = FIRST_SEQ - 1  # the last record this replica published as the executor
-        self._checkpointing: asyncio.Future[PendingDelta] | None = None
+        self._checkpointing: asyncio.Future[list[PendingDelta]] | None = None
+        # The parts of the latest checkpoint this replica wrote or restored from (None: none known), which
+        # records changed which names since (seq -> names; None: not known), and the last seq whose entry was
+        # dropped to bound that map: a checkpoint names a part again only if no record since changed its names.
+        self._parts: list[CheckpointPart] | None = None
+        self._parts_seq = FIRST_SEQ - 1
+        self._touched: dict[int, frozenset[str] | None] = {}
+        self._touched_dropped = FIRST_SEQ - 1
         self._verify_timer: object | None = None
         self._verifying: tuple[threading.Thread, threading.Event] | None = None
         for kind in ("comm_open", "comm_msg", "comm_close"):
@@ -205,11 +220,15 @@ class ReplicaKernel(IPythonKernel):
         """Load the checkpoint and the log records after it into the namespace; returns the etcd revision
         the log was read at (watch from the next one)."""
         snapshot = self.agent.read_snapshot()
+        self._touched.clear()
+        self._known_parts(FIRST_SEQ - 1, None)
         if snapshot.checkpoint is not None:
             self._checkpoint_seq = snapshot.checkpoint.seq
-            record = self.statelog.read_checkpoint(snapshot.checkpoint)
-            self.tracker.apply(record, self.statelog.store)
+            checkpoint = self.statelog.read_checkpoint(snapshot.checkpoint)
+            for record in checkpoint.records:
+                self.tracker.apply(record, self.statelog.store)
             self.applied = snapshot.checkpoint.seq
+            self._known_parts(checkpoint.seq, checkpoint.parts or None)
         for rec in sorted(snapshot.records, key=lambda r: r.seq):
             if rec.seq == self.applied + 1:
                 self._apply_one(rec)
@@ -275,6 +294,8 @@ class ReplicaKernel(IPythonKernel):
             self.lost_changes.add_unreadable(record.seq)
         else:
             self.lost_changes.forget_before(record.seq)
+        changed = None if record.kind == "malformed" else [*record.names, *record.deleted, *record.unserializable]
+        self._note_touched(record.seq, changed)
         if record.kind == "delta":
             try:
                 state = self.statelog.load(record)
@@ -563,6 +584,7 @@ class ReplicaKernel(IPythonKernel):
         self.applied = max(self.applied, directive.seq)
         self._last_fence = directive.fence
         self._own_seq = directive.seq
+        self._note_touched(directive.seq, [*pending.names, *pending.deleted, *pending.unserializable])
 
         def settle() -> None:
             try:
@@ -664,7 +686,7 @@ class ReplicaKernel(IPythonKernel):
         if seq - self._checkpoint_seq < every or (seq < self._next_checkpoint_check and not again):
             return
         agent, statelog, fence = self.agent, self.statelog, self._last_fence
-        delete = await asyncio.wrap_future(agent.thread.submit(agent.checkpoint_due(seq, every)))
+        delete, current = await asyncio.wrap_future(agent.thread.submit(agent.checkpoint_due(seq, every)))
         if delete is None:
             # Followers behind: look again a few records later, or in a moment if no cell comes meanwhile.
             self._next_checkpoint_check = seq + max(1, every // 4)
@@ -681,10 +703,12 @@ class ReplicaKernel(IPythonKernel):
         if abort is not None and not self.msg_queue.empty():
             abort.set()  # a request came while this looked up what the checkpoint may delete
         loop = asyncio.get_running_loop()
-        names, threshold = self.tracker.user_names(), self.settings.buffer_threshold
+        kept, groups = self._checkpoint_plan(self.tracker.user_names(), current)
+        since = self._parts_seq
+        threshold = self.settings.buffer_threshold
         self._checkpoint_abort = abort
         checkpointing = self._checkpointing = loop.run_in_executor(
-            None, partial(statelog.serialize_checkpoint, self.namespace, names, threshold, abort)
+            None, partial(statelog.serialize_checkpoint, self.namespace, groups, threshold, abort)
         )
         try:
             with _quick_gil_handoff():
@@ -704,18 +728,25 @@ class ReplicaKernel(IPythonKernel):
             loop = asyncio.get_running_loop()
             started = time.perf_counter()
             try:
-                pointer = await loop.run_in_executor(None, statelog.finish_checkpoint, pending, seq)
+                pointer, parts = await loop.run_in_executor(None, statelog.finish_checkpoint, pending, seq, kept)
             finally:
                 uploaded.set_result(None)
             await agent.flush_held()  # the checkpoint requires the record it covers to be in the log
             done = await agent.commit_checkpoint(pointer, delete, fence)
             log.info(
-                "checkpoint at seq %d %s in %.1f ms (%d records deleted)",
+                "checkpoint at seq %d %s in %.1f ms (%d records deleted; %d parts, %d of them named again from "
+                "checkpoint %d)",
                 seq,
                 "written" if done else "not committed",
                 (time.perf_counter() - started) * 1e3,
                 len(delete) if done else 0,
+                len(parts),
+                len(kept),
+                since,
             )
+            if done:
+                assert self.io_loop is not None
+                self.io_loop.add_callback(self._known_parts, seq, parts)
             if done:  # what the new checkpoint superseded goes now: old checkpoints, unreferenced buffers
                 try:
                     checkpoint_seq, referenced = await agent.referenced_objects()
@@ -732,6 +763,62 @@ class ReplicaKernel(IPythonKernel):
         self._uploading = uploaded
         future = agent.thread.submit(commit())
         future.add_done_callback(_log_failure("checkpoint"))
+
+    def _checkpoint_plan(self, names: list[str], current: int | None) -> tuple[list[CheckpointPart], list[list[str]]]:
+        """What the next checkpoint names again and what it pickles: the parts of the kernel's checkpoint now
+        (``current``) whose names are all still there, that no record since changed, and that share no object
+        with a name outside the part; and the other names, in the groups that share objects (one group when the
+        state tracker does not know them; see StateTracker.groups)."""
+        groups, present = self.tracker.groups, set(names)
+        kept: list[CheckpointPart] = []
+        touched = self._touched_since(self._parts_seq)
+        if self._parts is not None and current == self._parts_seq and touched is not None and groups is not None:
+            for part in self._parts:
+                alone = all(groups.get(name, part.names) <= part.names for name in part.names)
+                if alone and part.names <= present and not part.names & touched:
+                    kept.append(part)
+        covered = {name for part in kept for name in part.names}
+        rest = [name for name in names if name not in covered]
+        if groups is None:
+            return kept, [rest]
+        order = {name: i for i, name in enumerate(rest)}
+        plan: list[list[str]] = []
+        seen: set[str] = set()
+        for name in rest:
+            if name not in seen:
+                group = groups.get(name, frozenset((name,)))
+                members = sorted((n for n in group | {name} if n in order), key=order.__getitem__)
+                seen.update(members)
+                plan.append(members)
+        return kept, plan
+
+    def _note_touched(self, seq: int, names: Iterable[str] | None) -> None:
+        """Record ``seq`` (applied here, or published by this replica) changed ``names`` (None: not known)."""
+        if seq <= self._parts_seq:
+            return
+        self._touched[seq] = None if names is None else frozenset(names)
+        while len(self._touched) > TOUCHED_RECORDS_KEPT:
+            oldest = min(self._touched)
+            del self._touched[oldest]
+            self._touched_dropped = max(self._touched_dropped, oldest)
+
+    def _touched_since(self, seq: int) -> set[str] | None:
+        """The names the records after ``seq`` changed; None when that is not known."""
+        if self._touched_dropped > seq:
+            return None
+        names: set[str] = set()
+        for after, changed in self._touched.items():
+            if after > seq:
+                if changed is None:
+                    return None
+                names |= changed
+        return names
+
+    def _known_parts(self, seq: int, parts: list[CheckpointPart] | None) -> None:
+        """The checkpoint at ``seq`` (written or read here) has ``parts`` (None: none to name again)."""
+        self._parts, self._parts_seq = parts, seq
+        for after in [s for s in self._touched if s <= seq]:
+            del self._touched[after]
 
     def _checkpoint_again(self, waited: float) -> None:
         """Look again at a put-off checkpoint, unless another replica ran a cell since (it checkpoints now)."""

@@ -33,7 +33,7 @@ from jupyter_notebookos.replication.chunks import BufferLineage, TrackedBuffer
 from jupyter_notebookos.replication.digest import as_bytes_view, content_digest
 from jupyter_notebookos.replication.objectstore import BufferCorruptError, BufferMissingError, BufferRef, ObjectStore
 from jupyter_notebookos.replication.protocol import CheckpointPointer, LogRecord
-from jupyter_notebookos.replication.serialization import StateRecord, encode_values
+from jupyter_notebookos.replication.serialization import RecordFormatError, StateRecord, encode_values
 from jupyter_notebookos.replication.state import StateDelta
 
 log = logging.getLogger(__name__)
@@ -175,41 +175,60 @@ class StateLog:
 
     @staticmethod
     def serialize_checkpoint(
-        ns: dict[str, Any], names: Iterable[str], threshold: int, abort: threading.Event | None = None
-    ) -> PendingDelta:
-        """Pickle the namespace's ``names`` with large buffers as views (upload with finish_checkpoint). Setting
-        ``abort`` (from another thread) stops it with SerializationAborted."""
-        store = _DeferredStore()
-        record = encode_values(
-            {n: ns[n] for n in names if n in ns},
-            namespace=ns,
-            store=store,  # type: ignore[arg-type]
-            kind="checkpoint",
-            threshold=threshold,
-            abort=abort,
-        )
-        return PendingDelta(record, store.views, sorted(record.bound), [])
+        ns: dict[str, Any], groups: Iterable[Iterable[str]], threshold: int, abort: threading.Event | None = None
+    ) -> list[PendingDelta]:
+        """Pickle the namespace's names, each of ``groups`` on its own (names that share an object must be in
+        one group), with large buffers as views; upload with :meth:`finish_checkpoint`. Groups that come out
+        small (no out-of-band buffer, under SMALL_PART_BYTES) are pickled again together, as one part: a part
+        per loop counter would be an object per name in the store. Setting ``abort`` (from another thread) stops
+        it with SerializationAborted."""
+        parts: list[PendingDelta] = []
+        small: list[str] = []
+        for group in groups:
+            if isinstance(group, str):
+                raise TypeError(f"serialize_checkpoint takes groups of names, not a name ({group!r})")
+            names = [n for n in group if n in ns]
+            if not names:
+                continue
+            part = _serialize_part(ns, names, threshold, abort)
+            if not part.views and len(part.record.payload) < SMALL_PART_BYTES:
+                small.extend(names)
+            else:
+                parts.append(part)
+        if small:
+            parts.append(_serialize_part(ns, small, threshold, abort))
+        return parts
 
-    def finish_checkpoint(self, pending: PendingDelta, seq: int) -> CheckpointPointer:
-        """Upload a pickled namespace as the checkpoint for log record ``seq``; returns its pointer. A buffer
-        the replicas hold under a lineage is named by its layout, not uploaded again (chunks.py)."""
+    def finish_checkpoint(
+        self, pending: Iterable[PendingDelta], seq: int, kept: Iterable[CheckpointPart] = ()
+    ) -> tuple[CheckpointPointer, list[CheckpointPart]]:
+        """Upload the pickled parts and write the checkpoint for log record ``seq``: the ``pending`` parts and the
+        ``kept`` ones (parts of the kernel's current checkpoint, named again, not uploaded again). Returns its
+        pointer and its parts. A buffer the replicas hold under a lineage is named by its layout, not uploaded
+        again (chunks.py)."""
         lineage = self.lineage
-        refs = tuple(
-            lineage.encode_whole(view, self.store) if lineage is not None else self.store.put_buffer(view)
-            for view in pending.views
+        parts = list(kept)
+        for part in pending:
+            refs = tuple(
+                lineage.encode_whole(view, self.store) if lineage is not None else self.store.put_buffer(view)
+                for view in part.views
+            )
+            record = dataclasses.replace(part.record, kind="part", buffers=refs)
+            ref = self.store.put_buffer(record.to_bytes())
+            if lineage is not None:
+                lineage.commit(refs)
+            parts.append(CheckpointPart.of(record, ref))
+        data = StateRecord(kind="checkpoint", parts=tuple(part.ref for part in parts)).to_bytes()
+        key = self.store.put_checkpoint(seq, data)
+        objects = sorted({obj for part in parts for obj in part.objects})
+        pointer = CheckpointPointer(
+            seq=seq, ref=key, objects=objects, replica_id=self.replica_id, digest=content_digest(data)
         )
-        record = dataclasses.replace(pending.record, buffers=refs)
-        data = record.to_bytes()
-        ref = self.store.put_checkpoint(seq, data)
-        if lineage is not None:
-            lineage.commit(refs)
-        return CheckpointPointer(
-            seq=seq, ref=ref, objects=record.object_keys, replica_id=self.replica_id, digest=content_digest(data)
-        )
+        return pointer, parts
 
-    def read_checkpoint(self, pointer: CheckpointPointer) -> StateRecord:
+    def read_checkpoint(self, pointer: CheckpointPointer) -> Checkpoint:
         """The checkpoint a pointer names: exactly its ``ref``, refused unless it matches its digest (never
-        unpickled otherwise)."""
+        unpickled otherwise), and its parts, each refused unless it matches the digest its key names."""
         if not pointer.digest:
             raise BufferCorruptError(
                 f"checkpoint {pointer.ref} has no digest in its pointer (written by an older NotebookOS): it cannot "
@@ -226,7 +245,66 @@ class StateLog:
                 f"checkpoint {pointer.ref} in {self.store.url} does not match its digest: it was changed or damaged "
                 "in the store, and is refused"
             )
-        return StateRecord.from_bytes(data)
+        whole = StateRecord.from_bytes(data)
+        if not whole.parts:  # one piece (an older NotebookOS): nothing the next checkpoint can name again
+            return Checkpoint(pointer.seq, [whole], [])
+        records: list[StateRecord] = []
+        parts: list[CheckpointPart] = []
+        for ref in whole.parts:
+            try:
+                record = StateRecord.from_bytes(self._read_object(ref.key))
+            except FileNotFoundError as exc:
+                raise BufferMissingError(
+                    f"part {ref.key} of checkpoint {pointer.ref} is missing from the object store {self.store.url}"
+                ) from exc
+            if record.kind != "part":
+                raise RecordFormatError(f"part {ref.key} of checkpoint {pointer.ref} is a {record.kind!r} record")
+            records.append(record)
+            parts.append(CheckpointPart.of(record, ref))
+        return Checkpoint(pointer.seq, records, parts)
+
+
+#: A checkpoint's groups of names that pickle to less than this (and hold no out-of-band buffer) share one part.
+SMALL_PART_BYTES = 64 * 1024
+
+
+def _serialize_part(
+    ns: dict[str, Any], names: list[str], threshold: int, abort: threading.Event | None
+) -> PendingDelta:
+    store = _DeferredStore()
+    record = encode_values(
+        {n: ns[n] for n in names},
+        namespace=ns,
+        store=store,  # type: ignore[arg-type]
+        kind="checkpoint",
+        threshold=threshold,
+        abort=abort,
+    )
+    return PendingDelta(record, store.views, sorted(record.bound), [])
+
+
+@dataclass(frozen=True)
+class CheckpointPart:
+    """One part of a checkpoint in the object store: the names it holds and every object it needs (its own
+    included), so that a later checkpoint can name it again when no record changed those names."""
+
+    names: frozenset[str]
+    ref: BufferRef
+    objects: tuple[str, ...]
+
+    @classmethod
+    def of(cls, record: StateRecord, ref: BufferRef) -> CheckpointPart:
+        return cls(frozenset(record.bound) | frozenset(record.unserializable), ref, (ref.key, *record.object_keys))
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint read back: the records to apply (its parts, or the whole namespace in one piece, as written
+    by an older NotebookOS) and its parts."""
+
+    seq: int
+    records: list[StateRecord]
+    parts: list[CheckpointPart]
 
 
 # -- garbage collection ---------------------------------------------------------------------------------

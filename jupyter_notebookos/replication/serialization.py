@@ -34,6 +34,7 @@ import importlib
 import io
 import json
 import pickle
+import re
 import struct
 import sys
 import threading
@@ -370,6 +371,10 @@ class StateRecord:
     maps names whose value could not be serialized to the reason (a replica binds an
     :class:`UnreplicatedValue` there); ``buffers`` point at the out-of-band buffers in the object store
     (whole, or as the changed chunks of a buffer the replicas hold: :class:`chunks.TrackedBuffer`).
+
+    A checkpoint may come in ``parts``: objects in the store that each hold a record (``kind="part"``) of some
+    of its names, so that the next checkpoint can name again the parts whose names no record changed since,
+    instead of pickling them again (see ``kernel/statelog.py``).
     """
 
     kind: str
@@ -378,6 +383,7 @@ class StateRecord:
     buffers: tuple[BufferRef | TrackedBuffer, ...] = ()
     unserializable: Mapping[str, str] = field(default_factory=dict)
     payload: bytes = b""
+    parts: tuple[BufferRef, ...] = ()
 
     @property
     def object_keys(self) -> list[str]:
@@ -386,8 +392,10 @@ class StateRecord:
 
     @property
     def stored_refs(self) -> list[BufferRef]:
-        """Every object this record needs from the store (whole buffers and chunks)."""
-        return [r for entry in self.buffers for r in (entry.refs if isinstance(entry, TrackedBuffer) else [entry])]
+        """Every object this record itself names in the store (whole buffers, chunks and parts; what a part
+        names is in the part's own record)."""
+        refs = [r for entry in self.buffers for r in (entry.refs if isinstance(entry, TrackedBuffer) else [entry])]
+        return refs + list(self.parts)
 
     @property
     def buffer_bytes(self) -> int:
@@ -419,6 +427,8 @@ class StateRecord:
             ]
         if self.unserializable:
             header["u"] = dict(self.unserializable)
+        if self.parts:
+            header["p"] = [[ref.size, ref.digest] for ref in self.parts]
         head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
         return MAGIC + _HEADER_LEN.pack(len(head)) + head + self.payload
 
@@ -443,7 +453,18 @@ class StateRecord:
             buffers=tuple(_buffer_entry(entry) for entry in header.get("x", ())),
             unserializable=header.get("u", {}),
             payload=raw[8 + size :],
+            parts=tuple(_part_entry(entry) for entry in header.get("p", ())),
         )
+
+
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _part_entry(entry: Any) -> BufferRef:
+    sized = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int) and entry[0] >= 0
+    if not (sized and isinstance(entry[1], str) and _DIGEST.match(entry[1])):
+        raise RecordFormatError(f"state record header has a damaged part entry: {entry!r}")
+    return BufferRef(ObjectStore.buffer_key(entry[1]), entry[0], entry[1])
 
 
 def _buffer_entry(entry: Any) -> BufferRef | TrackedBuffer:

@@ -358,6 +358,9 @@ class StateTracker:
         self.last_scanned = 0  # how many names the last capture fingerprinted
         self._aborted: Any = None  # what a stopped verification's pickler held (see verify())
         self.found: list[str] = []  # the names the last verify() found changed
+        # Which names shared an object at the last capture (name -> its group, itself included), for a checkpoint
+        # to pickle each group on its own; None when not known (no capture yet, or a record changed names since).
+        self.groups: dict[str, frozenset[str]] | None = None
         # Names that are IPython's by their spelling alone (``_i42``, ``_42``): IPython adds one or two per
         # cell and never removes them, so after thousands of cells they are most of the namespace. A set
         # lookup rather than a regex match per name and per cell keeps a long session's cells cheap.
@@ -431,6 +434,7 @@ class StateTracker:
         if not self._bindings.parsed:
             warnings.append("the cell's source could not be parsed; the delta relies on value fingerprints only")
         self._baseline = scan.prints
+        self.groups = scan.groups
         self._bindings = CellBindings(frozenset(), parsed=False)
         self._reach = None
         self._recheck.clear()
@@ -518,6 +522,9 @@ class StateTracker:
 
     def refresh(self, names: Iterable[str]) -> None:
         """Re-fingerprint ``names`` into the baseline (after a record changed them from outside a cell)."""
+        names = list(names)
+        if names:
+            self.groups = None  # what they share with other names is known again after the next capture
         if self._baseline is None:
             return
         if self.writes is not None:
@@ -551,6 +558,7 @@ class StateTracker:
     def reset(self) -> None:
         """Forget the baseline: the next :meth:`before_cell` fingerprints the whole namespace again."""
         self._baseline = None
+        self.groups = None
         self._recheck.clear()
         self._unverified.clear()
         self._aborted = None

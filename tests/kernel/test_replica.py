@@ -309,6 +309,75 @@ def test_a_request_stops_a_checkpoint_being_pickled_and_the_checkpoint_follows_l
     assert out == "1000000 {'a': 999999, 'b': '999999'} 1 2\n"
 
 
+def _checkpoint_at(replicas: ReplicaFactory, seq: int) -> p.CheckpointPointer:
+    key = replicas.keys.checkpoint(replicas.kernel_id)
+
+    def committed() -> p.CheckpointPointer | None:
+        kv = replicas.etcd.get(key)
+        pointer = p.CheckpointPointer.from_json(kv.value) if kv is not None else None
+        return pointer if pointer is not None and pointer.seq == seq else None
+
+    return wait_for(committed, 30, f"the checkpoint at seq {seq}")
+
+
+def test_a_checkpoint_pickles_again_only_the_names_records_changed_since_the_last_one(replicas: ReplicaFactory) -> None:
+    """A checkpoint names again the parts of the kernel's checkpoint whose names no record changed since: the
+    300,000 dicts here are pickled for the first checkpoint and again only once a cell changed them."""
+    every = {p.ENV_CHECKPOINT_EVERY: "2"}
+    r0 = replicas.start("r0", every)
+    fence = replicas.elect("r0")
+
+    def run(seq: int, code: str) -> None:
+        assert r0.execute(code, CellDirective(seq=seq, fence=fence), timeout=60).status == "ok"
+
+    run(1, "objs = [{'a': i} for i in range(300_000)]\nalias = objs\nn = 0")
+    run(2, "n += 1")
+    first = _checkpoint_at(replicas, 2)
+    run(3, "n += 1")
+    run(4, "m = n * 2")
+    second = _checkpoint_at(replicas, 4)
+    # objs and alias share their list, so they are one part, named again; n and m (small) share the other part.
+    assert len(set(first.objects) & set(second.objects)) == 1
+    assert "2 parts, 1 of them named again from checkpoint 2" in r0.log()
+    run(5, "objs.append({'a': -1})")
+    run(6, "n += 1")
+    third = _checkpoint_at(replicas, 6)
+    assert not set(third.objects) & set(second.objects)
+    assert "2 parts, 0 of them named again from checkpoint 4" in r0.log()
+
+    r1 = replicas.start("r1", every)  # restores from the checkpoint at 6: its parts, then nothing from the log
+    assert r1.registration is not None and r1.registration.applied_seq == 6
+    out = r1.execute("print(len(objs), objs[-1], alias is objs, n, m)").stdout
+    assert out == "300001 {'a': -1} True 3 4\n"
+
+
+def test_a_checkpoint_names_no_part_of_a_checkpoint_another_replica_superseded(replicas: ReplicaFactory) -> None:
+    """Only the parts of the kernel's checkpoint in force are named again: a replica that wrote an earlier one,
+    and became the executor again after another replica checkpointed, pickles every name (the store may already
+    have collected the parts it remembers)."""
+    every = {p.ENV_CHECKPOINT_EVERY: "2"}
+    r0 = replicas.start("r0", every)
+    r1 = replicas.start("r1", every)
+    fence = replicas.elect("r0")
+    assert r0.execute("big = list(range(100_000))\nn = 0", CellDirective(seq=1, fence=fence)).status == "ok"
+    assert r0.execute("n += 1", CellDirective(seq=2, fence=fence)).status == "ok"
+    _checkpoint_at(replicas, 2)
+    fence = replicas.elect("r1")
+    replicas.wait_applied("r1", 2)
+    for seq in (3, 4):
+        assert r1.execute("n += 1", CellDirective(seq=seq, fence=fence)).status == "ok"
+    _checkpoint_at(replicas, 4)
+    assert "2 parts, 0 of them named again from checkpoint 0" in r1.log()  # r1 started before any checkpoint
+    fence = replicas.elect("r0")
+    replicas.wait_applied("r0", 4)
+    for seq in (5, 6):
+        assert r0.execute("n += 1", CellDirective(seq=seq, fence=fence)).status == "ok"
+    _checkpoint_at(replicas, 6)
+    assert "2 parts, 0 of them named again from checkpoint 2" in r0.log()
+    r2 = replicas.start("r2", every)
+    assert r2.execute("print(len(big), n)").stdout == "100000 5\n"
+
+
 def test_a_cell_holding_the_gil_past_the_lease_ttl_keeps_its_replica_registered(replicas: ReplicaFactory) -> None:
     """A C call that never releases the GIL (here libc's sleep through ctypes.PyDLL) stops the replica's own
     lease renewals; its lease keeper process renews the lease meanwhile, so the replica is not taken for dead."""

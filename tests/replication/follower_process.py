@@ -47,8 +47,8 @@ def main() -> None:
             if command == "apply":
                 result: Any = list(apply_record(arg, ns, store, lineage).bound)
             elif command == "restore":
-                checkpoint, records = arg  # a checkpoint and the log records after it, as a new replica starts
-                for record in [checkpoint, *records]:
+                parts, records = arg  # a checkpoint's parts and the log records after it, as a new replica starts
+                for record in [*parts, *records]:
                     apply_record(record, ns, store, lineage)
                 result = None
             elif command == "eval":

@@ -80,9 +80,10 @@ def test_the_next_executor_patches_the_same_lineage_and_checkpoints_keep_it(stor
 
     # A checkpoint names the lineage's layout (its base and chunks): a replica restored from it takes patches.
     log = StateLog(store, "b", lineage=b.tracker.lineage)
-    pointer = log.finish_checkpoint(StateLog.serialize_checkpoint(b.ns, b.tracker.user_names(), MIB), 9)
+    pointer, _ = log.finish_checkpoint(StateLog.serialize_checkpoint(b.ns, [b.tracker.user_names()], MIB), 9)
     c = DictReplica(store)
-    c.apply(log.read_checkpoint(pointer))
+    for part in log.read_checkpoint(pointer).records:
+        c.apply(part)
     c.apply(b.run("w[5] = 9.0"))
     assert np.array_equal(c.ns["w"], b.ns["w"])
     fresh = DictReplica(store)
@@ -100,8 +101,10 @@ def test_an_untracked_or_small_buffer_still_goes_whole(shell, store):
 
 def _checkpoint(replica: DictReplica, seq: int):
     log = StateLog(replica.store, "r", lineage=replica.tracker.lineage)
-    pointer = log.finish_checkpoint(StateLog.serialize_checkpoint(replica.ns, replica.tracker.user_names(), MIB), seq)
-    return pointer, log.read_checkpoint(pointer)
+    names = [replica.tracker.user_names()]
+    pointer, _ = log.finish_checkpoint(StateLog.serialize_checkpoint(replica.ns, names, MIB), seq)
+    (part,) = log.read_checkpoint(pointer).records  # one group of names, holding a buffer: one part
+    return pointer, part
 
 
 def test_a_checkpoint_names_the_layout_instead_of_uploading_the_buffer_again(store: ObjectStore):
@@ -115,13 +118,16 @@ def test_a_checkpoint_names_the_layout_instead_of_uploading_the_buffer_again(sto
 
     pointer, checkpoint = _checkpoint(a, 4)
     entry = _entry(checkpoint)
-    assert set(store.buffer_keys()) == objects  # nothing hashed or uploaded: the bytes are in the store
+    # Nothing hashed or uploaded but the part's own record (a few hundred bytes): the buffer's are in the store.
+    (part_key,) = set(store.buffer_keys()) - objects
+    assert part_key in pointer.objects and len(store.fs.cat_file(f"{store.root}/{part_key}")) < 4096
     offsets = [off for off, _ in entry.chunks]  # one chunk per offset (where the array starts in its page moves)
     assert entry.whole == _entry(first).whole and offsets[0] == 0 and len(set(offsets)) == len(offsets) <= 3
     assert checkpoint.buffer_bytes == 64 * MIB + len(offsets) * CHUNK_BYTES
 
     # The follower's layout is the same, so its checkpoint (were it the executor) names the same objects.
-    assert _checkpoint(b, 4)[1].buffers == checkpoint.buffers
+    others = [_checkpoint(b, 4)]
+    assert others[0][1].buffers == checkpoint.buffers
 
     # A replica restored from it holds the same bytes, under the lineage: the next patch applies.
     c = DictReplica(store)
@@ -132,11 +138,14 @@ def test_a_checkpoint_names_the_layout_instead_of_uploading_the_buffer_again(sto
     c.apply(record)
     assert np.array_equal(c.ns["w"], a.ns["w"]) and np.array_equal(b.ns["w"], a.ns["w"])
     # ... and c's layout (from the checkpoint, then the record) is everyone's.
-    assert _checkpoint(c, 5)[1].buffers == _checkpoint(a, 5)[1].buffers
+    others += [_checkpoint(c, 5), _checkpoint(a, 5)]
+    assert others[1][1].buffers == others[2][1].buffers
+    their_parts = {key for p, part in others for key in set(p.objects) - set(part.object_keys)} - set(pointer.objects)
 
-    # Garbage collection keeps what the checkpoint names and drops the chunk the newer one superseded.
+    # Garbage collection keeps what the checkpoint names and drops the chunk the newer one superseded (and the
+    # parts of the other checkpoints, which the pointer does not name).
     report = collect_unreferenced(store, 4, [*pointer.objects, *record.object_keys], grace_seconds=0)
-    assert len(report.deleted_buffers) == 1
+    assert len(set(report.deleted_buffers) - their_parts) == 1
     c2 = DictReplica(store)
     c2.apply(_checkpoint(a, 5)[1])
     assert np.array_equal(c2.ns["w"], a.ns["w"])

@@ -10,6 +10,7 @@ from jupyter_notebookos.kernel.statelog import StateLog, collect_unreferenced
 from jupyter_notebookos.replication.objectstore import (
     BufferCorruptError,
     BufferMissingError,
+    BufferRef,
     ObjectStore,
     ObjectStoreUnreachable,
 )
@@ -130,17 +131,18 @@ def test_checkpoint_plus_later_records_restores_the_executor_namespace(executor,
     executor.run("acc.add(1)")
     # As the executor checkpoints (ReplicaKernel._maybe_checkpoint) and a new replica restores (StateLog).
     statelog = StateLog(store, "r0", lineage=executor.tracker.lineage)
-    pending = statelog.serialize_checkpoint(executor.ns, executor.tracker.user_names(), executor.threshold)
-    pointer = statelog.finish_checkpoint(pending, 2)
+    pending = statelog.serialize_checkpoint(executor.ns, [executor.tracker.user_names()], executor.threshold)
+    pointer, _ = statelog.finish_checkpoint(pending, 2)
     checkpoint = statelog.read_checkpoint(pointer)
-    assert checkpoint.kind == "checkpoint" and checkpoint.buffers and not checkpoint.unserializable
+    assert [r.kind for r in checkpoint.records] == ["part"]
+    assert checkpoint.records[0].buffers and not checkpoint.records[0].unserializable
     start = len(executor.records)
     executor.run("acc.add(2)\nbig[0] = 99.0")
     executor.run("later = Acc()\nlater.add(acc)")
     executor.run("del alias")
 
     assert store.latest_checkpoint()[0] == 2
-    replica.call("restore", (checkpoint.to_bytes(), executor.records[start:]))
+    replica.call("restore", ([r.to_bytes() for r in checkpoint.records], executor.records[start:]))
     assert replica.describe() == nsprobe.describe(executor.ns, executor.shell.user_ns_hidden)
     assert replica.eval("isinstance(later, Acc) and later.items[0] is acc and acc.add(3)") == 3
 
@@ -150,8 +152,8 @@ def test_garbage_collection_removes_only_unreferenced_buffers(executor, store):
     old_key = executor.encoded[-1].object_keys[0]
     executor.run("old = None\nkept = np.zeros(2 ** 18)")
     statelog = StateLog(store, "r0")
-    pending = statelog.serialize_checkpoint(executor.ns, executor.tracker.user_names(), executor.threshold)
-    pointer = statelog.finish_checkpoint(pending, 1)
+    pending = statelog.serialize_checkpoint(executor.ns, [executor.tracker.user_names()], executor.threshold)
+    pointer, _ = statelog.finish_checkpoint(pending, 1)
     store.put_checkpoint(0, b"an older checkpoint, superseded")
     executor.run("newer = np.full(2 ** 18, 7.0)")
     newer_key = executor.encoded[-1].object_keys[0]
@@ -183,3 +185,76 @@ def test_collecting_after_a_checkpoint_keeps_what_the_pointer_and_the_log_name(s
     assert report.deleted_buffers == (gone,)
     assert set(store.buffer_keys()) == {keep, young_key}
     assert collect_unreferenced(store, None, set(), grace_seconds=0).deleted_checkpoints == ()
+
+
+# -- checkpoints in parts ----------------------------------------------------------------------------------
+
+
+def _restore(statelog: StateLog, pointer) -> dict:
+    ns: dict = {}
+    for record in statelog.read_checkpoint(pointer).records:
+        apply_record(record, ns, statelog.store)
+    return ns
+
+
+def test_a_checkpoint_keeps_each_group_apart_and_small_groups_together(store):
+    shared = {"k": [1, 2]}
+    ns = {"a": shared, "b": [shared], "big": np.arange(2**18, dtype=np.float64), "n": 1, "s": "x" * 10}
+    ns["objs"] = [{"i": i} for i in range(20_000)]  # no buffer, but over SMALL_PART_BYTES pickled
+    groups = [["a", "b"], ["big"], ["n"], ["s"], ["objs"], ["gone"]]
+    statelog = StateLog(store, "r0")
+    pending = statelog.serialize_checkpoint(ns, groups, 2**20)
+    assert sorted(sorted(part.names) for part in pending) == [["a", "b", "n", "s"], ["big"], ["objs"]]
+    pointer, parts = statelog.finish_checkpoint(pending, 3)
+    assert {name for part in parts for name in part.names} == {"a", "b", "big", "n", "s", "objs"}
+    assert set(pointer.objects) == {key for part in parts for key in part.objects}
+    restored = _restore(statelog, pointer)
+    assert restored["b"][0] is restored["a"] and restored["a"]["k"] == [1, 2]
+    assert np.array_equal(restored["big"], ns["big"]) and restored["objs"] == ns["objs"] and restored["n"] == 1
+    with pytest.raises(TypeError, match="groups of names"):
+        statelog.serialize_checkpoint(ns, ["a", "b"], 2**20)  # type: ignore[list-item]
+
+    # The next checkpoint names the parts it keeps again: they are neither pickled nor uploaded again.
+    kept = [part for part in parts if "objs" in part.names or "big" in part.names]
+    ns["n"] = 2
+    later, later_parts = statelog.finish_checkpoint(
+        statelog.serialize_checkpoint(ns, [["a", "b"], ["n", "s"]], 2**20), 5, kept
+    )
+    assert {key for part in kept for key in part.objects} <= set(later.objects)
+    assert len(later_parts) == 3
+    restored = _restore(statelog, later)
+    assert restored["n"] == 2 and restored["objs"] == ns["objs"] and np.array_equal(restored["big"], ns["big"])
+
+
+def test_a_checkpoint_in_one_piece_still_restores(store):
+    """As an older NotebookOS wrote them: the whole namespace in the checkpoint object itself."""
+    from jupyter_notebookos.replication.digest import content_digest
+    from jupyter_notebookos.replication.protocol import CheckpointPointer
+    from jupyter_notebookos.replication.serialization import encode_values
+
+    ns = {"x": [1, 2, 3], "big": np.ones(2**18)}
+    record = encode_values(ns, namespace=ns, store=store, kind="checkpoint", threshold=2**20)
+    data = record.to_bytes()
+    pointer = CheckpointPointer(
+        seq=4, ref=store.put_checkpoint(4, data), objects=record.object_keys, digest=content_digest(data)
+    )
+    checkpoint = StateLog(store, "r0").read_checkpoint(pointer)
+    assert checkpoint.parts == [] and len(checkpoint.records) == 1
+    restored = _restore(StateLog(store, "r0"), pointer)
+    assert restored["x"] == [1, 2, 3] and np.array_equal(restored["big"], ns["big"])
+
+
+def test_a_damaged_tampered_or_missing_part_is_refused(store):
+    statelog = StateLog(store, "r0")
+    ns = {"objs": [{"i": i} for i in range(20_000)], "n": 1}
+    pointer, parts = statelog.finish_checkpoint(statelog.serialize_checkpoint(ns, [["objs"], ["n"]], 2**20), 2)
+    path = f"{store.root}/{parts[0].ref.key}"
+    original = store.fs.cat_file(path)
+    store.fs.pipe_file(path, original[:-8] + b"tampered")
+    with pytest.raises(BufferCorruptError, match="does not match its digest"):
+        statelog.read_checkpoint(pointer)
+    store.fs.rm(path)
+    with pytest.raises(BufferMissingError, match=r"part .* is missing"):
+        statelog.read_checkpoint(pointer)
+    with pytest.raises(RecordFormatError, match="damaged part entry"):
+        StateRecord.from_bytes(StateRecord(kind="checkpoint", parts=(BufferRef("x", 1, "../x"),)).to_bytes())
