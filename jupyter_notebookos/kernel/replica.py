@@ -707,12 +707,14 @@ class ReplicaKernel(IPythonKernel):
         since = self._parts_seq
         threshold = self.settings.buffer_threshold
         self._checkpoint_abort = abort
+        pickling = time.perf_counter()
         checkpointing = self._checkpointing = loop.run_in_executor(
             None, partial(statelog.serialize_checkpoint, self.namespace, groups, threshold, abort)
         )
         try:
             with _quick_gil_handoff():
                 pending = await checkpointing
+            pickled_ms = (time.perf_counter() - pickling) * 1e3
         except SerializationAborted:
             log.info("checkpoint at seq %d put off: a request came while the namespace was pickled", seq)
             if self._checkpoint_retry is None:
@@ -734,20 +736,20 @@ class ReplicaKernel(IPythonKernel):
             await agent.flush_held()  # the checkpoint requires the record it covers to be in the log
             done = await agent.commit_checkpoint(pointer, delete, fence)
             log.info(
-                "checkpoint at seq %d %s in %.1f ms (%d records deleted; %d parts, %d of them named again from "
-                "checkpoint %d)",
+                "checkpoint at seq %d %s: pickled in %.1f ms, then written in %.1f ms (%d records deleted; %d parts, "
+                "%d of them named again from checkpoint %d)",
                 seq,
                 "written" if done else "not committed",
+                pickled_ms,
                 (time.perf_counter() - started) * 1e3,
                 len(delete) if done else 0,
                 len(parts),
                 len(kept),
                 since,
             )
-            if done:
-                assert self.io_loop is not None
-                self.io_loop.add_callback(self._known_parts, seq, parts)
             if done:  # what the new checkpoint superseded goes now: old checkpoints, unreferenced buffers
+                assert self.io_loop is not None
+                self.io_loop.add_callback(self._known_parts, seq, parts)  # what the next checkpoint may name again
                 try:
                     checkpoint_seq, referenced = await agent.referenced_objects()
                     collect = partial(collect_unreferenced, grace_seconds=GC_GRACE_SECONDS)
