@@ -40,6 +40,7 @@ from jupyter_notebookos.kernel.agent import PublishOutcome, ReplicaAgent
 from jupyter_notebookos.kernel.lostchanges import LostChanges
 from jupyter_notebookos.kernel.settings import ReplicaSettings
 from jupyter_notebookos.kernel.statelog import (
+    MAX_CHECKPOINT_PARTS,
     CheckpointPart,
     PendingDelta,
     StateLog,
@@ -708,8 +709,9 @@ class ReplicaKernel(IPythonKernel):
         threshold = self.settings.buffer_threshold
         self._checkpoint_abort = abort
         pickling = time.perf_counter()
+        parts_left = max(1, MAX_CHECKPOINT_PARTS - len(kept))
         checkpointing = self._checkpointing = loop.run_in_executor(
-            None, partial(statelog.serialize_checkpoint, self.namespace, groups, threshold, abort)
+            None, partial(statelog.serialize_checkpoint, self.namespace, groups, threshold, abort, parts_left)
         )
         try:
             with _quick_gil_handoff():

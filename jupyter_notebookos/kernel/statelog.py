@@ -38,6 +38,11 @@ from jupyter_notebookos.replication.state import StateDelta
 
 log = logging.getLogger(__name__)
 
+#: A checkpoint's groups of names that pickle to less than this (and hold no out-of-band buffer) share one part.
+SMALL_PART_BYTES = 64 * 1024
+#: The most parts a checkpoint has (its pointer in etcd lists their keys).
+MAX_CHECKPOINT_PARTS = 256
+
 
 class _DeferredStore:
     """Takes the place of the object store while a delta is pickled before the reply.
@@ -175,28 +180,36 @@ class StateLog:
 
     @staticmethod
     def serialize_checkpoint(
-        ns: dict[str, Any], groups: Iterable[Iterable[str]], threshold: int, abort: threading.Event | None = None
+        ns: dict[str, Any],
+        groups: Iterable[Iterable[str]],
+        threshold: int,
+        abort: threading.Event | None = None,
+        max_parts: int = MAX_CHECKPOINT_PARTS,
     ) -> list[PendingDelta]:
         """Pickle the namespace's names, each of ``groups`` on its own (names that share an object must be in
         one group), with large buffers as views; upload with :meth:`finish_checkpoint`. Groups that come out
         small (no out-of-band buffer, under SMALL_PART_BYTES) are pickled again together, as one part: a part
-        per loop counter would be an object per name in the store. Setting ``abort`` (from another thread) stops
-        it with SerializationAborted."""
+        per loop counter would be an object per name in the store. So are the groups beyond ``max_parts`` - 1
+        (the checkpoint pointer in etcd lists every part). Setting ``abort`` (from another thread) stops it with
+        SerializationAborted."""
         parts: list[PendingDelta] = []
-        small: list[str] = []
+        rest: list[str] = []
         for group in groups:
             if isinstance(group, str):
                 raise TypeError(f"serialize_checkpoint takes groups of names, not a name ({group!r})")
             names = [n for n in group if n in ns]
+            if len(parts) >= max_parts - 1:
+                rest.extend(names)
+                continue
             if not names:
                 continue
             part = _serialize_part(ns, names, threshold, abort)
             if not part.views and len(part.record.payload) < SMALL_PART_BYTES:
-                small.extend(names)
+                rest.extend(names)
             else:
                 parts.append(part)
-        if small:
-            parts.append(_serialize_part(ns, small, threshold, abort))
+        if rest:
+            parts.append(_serialize_part(ns, rest, threshold, abort))
         return parts
 
     def finish_checkpoint(
@@ -262,10 +275,6 @@ class StateLog:
             records.append(record)
             parts.append(CheckpointPart.of(record, ref))
         return Checkpoint(pointer.seq, records, parts)
-
-
-#: A checkpoint's groups of names that pickle to less than this (and hold no out-of-band buffer) share one part.
-SMALL_PART_BYTES = 64 * 1024
 
 
 def _serialize_part(

@@ -211,6 +211,9 @@ def test_a_checkpoint_keeps_each_group_apart_and_small_groups_together(store):
     restored = _restore(statelog, pointer)
     assert restored["b"][0] is restored["a"] and restored["a"]["k"] == [1, 2]
     assert np.array_equal(restored["big"], ns["big"]) and restored["objs"] == ns["objs"] and restored["n"] == 1
+    # Beyond max_parts, the groups left go together with the small ones (the pointer lists every part).
+    capped = statelog.serialize_checkpoint(ns, groups, 2**20, max_parts=2)
+    assert sorted(sorted(part.names) for part in capped) == [["a", "b", "n", "objs", "s"], ["big"]]
     with pytest.raises(TypeError, match="groups of names"):
         statelog.serialize_checkpoint(ns, ["a", "b"], 2**20)  # type: ignore[list-item]
 
