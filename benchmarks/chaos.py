@@ -7,6 +7,7 @@ Prints the faults injected, the cells acknowledged and the anomalies found (see 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -34,10 +35,10 @@ def main() -> None:
     faults = tuple(f for f in args.faults.split(",") if f)
     if set(faults) - set(FAULTS):
         parser.error(f"unknown faults {sorted(set(faults) - set(FAULTS))}; known: {', '.join(FAULTS)}")
-    with tempfile.TemporaryDirectory(prefix="nbos-chaos-") as tmp:
-        state = Path(tmp) / "state"
+    tmp = Path(tempfile.mkdtemp(prefix="nbos-chaos-"))
+    try:
         report = ChaosRun(
-            state,
+            tmp / "state",
             seed=args.seed,
             kernels=args.kernels,
             seconds=args.seconds,
@@ -45,12 +46,19 @@ def main() -> None:
             faults=faults,
             partitions=args.partitions,
         ).run()
+    except BaseException:
+        print(f"state dir kept: {tmp / 'state'}")
+        raise
     print("faults injected:")
     for fault in report.faults:
         print("  " + fault)
     print(report)
     for anomaly in report.anomalies:
         print("ANOMALY: " + anomaly)
+    if report.anomalies:  # the gateway's, etcd's and the replicas' logs, to find out why
+        print(f"state dir kept: {tmp / 'state'}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     sys.exit(1 if report.anomalies else 0)
 
 

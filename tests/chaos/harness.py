@@ -57,6 +57,8 @@ FAULTS = (
 NETNS_FAULTS = ("partition-host",)
 #: What a client meets when the gateway dies under it (the websocket or the HTTP connection breaks).
 CONNECTION_LOST = (OSError, websocket.WebSocketException)
+#: How long the read of each kernel's final state may take, all tries together.
+FINAL_READ_S = 300
 
 
 @dataclass
@@ -175,7 +177,13 @@ class ChaosRun:
             self._stop.set()
             for worker in workers:
                 worker.join(120)
-            final = {kid: self._final_log(client, kid) for kid in ids}
+            final: dict[str, list[int]] = {}
+            for kid in ids:
+                logged = self._final_log(client, kid)
+                if logged is None:
+                    self.report.anomalies.append(f"kernel {kid}: no answer to the final read within {FINAL_READ_S} s")
+                else:
+                    final[kid] = logged
             self.report.anomalies += check_history(self.report.replies, final)
             self.report.anomalies += self._ledger_leaks(client)
             for kid in ids:
@@ -240,15 +248,23 @@ class ChaosRun:
                     raise
                 time.sleep(0.5)
 
-    def _final_log(self, client: GatewayClient, kernel_id: str) -> list[int]:
-        with self._reconnect(client, kernel_id) as conn:
-            for _ in range(30):
-                result = conn.execute("import json\nprint(json.dumps(log))")
-                if result.status == "ok":
-                    lines = [line for line in result.stdout.splitlines() if line.startswith("[")]
-                    return list(json.loads(lines[-1]))
-                time.sleep(1)
-        raise AssertionError(f"kernel {kernel_id} did not answer after the run")
+    def _final_log(self, client: GatewayClient, kernel_id: str) -> list[int] | None:
+        """The kernel's ``log`` after the run; None if it gave no ``ok`` answer within FINAL_READ_S. (The last
+        fault may have ended just before: after a whole-etcd outage every replica registers again and catches
+        up, which on a loaded machine can take a while.)"""
+        deadline = time.monotonic() + FINAL_READ_S
+        while time.monotonic() < deadline:
+            try:
+                with self._reconnect(client, kernel_id, max(1.0, deadline - time.monotonic())) as conn:
+                    left = max(1.0, deadline - time.monotonic())
+                    result = conn.execute("import json\nprint(json.dumps(log))", timeout=left)
+            except (TimeoutError, GatewayError, *CONNECTION_LOST):
+                continue
+            if result.status == "ok":
+                lines = [line for line in result.stdout.splitlines() if line.startswith("[")]
+                return list(json.loads(lines[-1]))
+            time.sleep(1)
+        return None
 
     def _ledger_leaks(self, client: GatewayClient) -> list[str]:
         deadline = time.monotonic() + 30
