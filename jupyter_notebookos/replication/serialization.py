@@ -54,6 +54,9 @@ if TYPE_CHECKING:
     from jupyter_notebookos.replication.state import StateDelta
 
 MAGIC = b"NBS1"
+#: A record that names parts (a checkpoint in parts): a NotebookOS that predates parts refuses it as "written by a
+#: newer version" instead of reading it as a record that binds nothing.
+PARTS_MAGIC = b"NBS2"
 _HEADER_LEN = struct.Struct("<I")
 PROTOCOL = 5
 
@@ -430,13 +433,13 @@ class StateRecord:
         if self.parts:
             header["p"] = [[ref.size, ref.digest] for ref in self.parts]
         head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-        return MAGIC + _HEADER_LEN.pack(len(head)) + head + self.payload
+        return (PARTS_MAGIC if self.parts else MAGIC) + _HEADER_LEN.pack(len(head)) + head + self.payload
 
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview) -> StateRecord:
         """Parse a record (header and payload; nothing is unpickled)."""
         raw = bytes(data)
-        if raw[:4] != MAGIC or len(raw) < 8:
+        if raw[:4] not in (MAGIC, PARTS_MAGIC) or len(raw) < 8:
             raise RecordFormatError(
                 "not a NotebookOS state record (bad magic): the log or checkpoint was written by something "
                 "else or a newer version of jupyter_notebookos."
@@ -446,6 +449,8 @@ class StateRecord:
             header = json.loads(raw[8 : 8 + size])
         except ValueError as exc:
             raise RecordFormatError(f"state record header is damaged: {exc}") from exc
+        if (raw[:4] == PARTS_MAGIC) != bool(header.get("p")):
+            raise RecordFormatError("state record header is damaged: its parts do not match its magic")
         return cls(
             kind=header["k"],
             bound=tuple(header.get("b", ())),

@@ -15,6 +15,8 @@ from jupyter_notebookos.replication.objectstore import (
     ObjectStoreUnreachable,
 )
 from jupyter_notebookos.replication.serialization import (
+    MAGIC,
+    PARTS_MAGIC,
     RecordFormatError,
     StateRecord,
     UnreplicatedValue,
@@ -259,5 +261,11 @@ def test_a_damaged_tampered_or_missing_part_is_refused(store):
     store.fs.rm(path)
     with pytest.raises(BufferMissingError, match=r"part .* is missing"):
         statelog.read_checkpoint(pointer)
+    # A NotebookOS that predates parts reads only MAGIC records: it refuses the checkpoint object as "newer" rather
+    # than restore it as a record that binds nothing.
+    whole = store.get_checkpoint(2)
+    assert whole[:4] == PARTS_MAGIC != MAGIC and StateRecord.from_bytes(whole).parts
+    with pytest.raises(RecordFormatError, match="do not match its magic"):
+        StateRecord.from_bytes(MAGIC + whole[4:])
     with pytest.raises(RecordFormatError, match="damaged part entry"):
         StateRecord.from_bytes(StateRecord(kind="checkpoint", parts=(BufferRef("x", 1, "../x"),)).to_bytes())
