@@ -57,8 +57,8 @@ FAULTS = (
 NETNS_FAULTS = ("partition-host",)
 #: What a client meets when the gateway dies under it (the websocket or the HTTP connection breaks).
 CONNECTION_LOST = (OSError, websocket.WebSocketException)
-#: How long the read of each kernel's final state may take, all tries together.
-FINAL_READ_S = 300
+#: How long the reads of the kernels' final state may take, all kernels and tries together.
+FINAL_READ_S = 180
 
 
 @dataclass
@@ -178,8 +178,9 @@ class ChaosRun:
             for worker in workers:
                 worker.join(120)
             final: dict[str, list[int]] = {}
+            deadline = time.monotonic() + FINAL_READ_S
             for kid in ids:
-                logged = self._final_log(client, kid)
+                logged = self._final_log(client, kid, deadline)
                 if logged is None:
                     self.report.anomalies.append(f"kernel {kid}: no answer to the final read within {FINAL_READ_S} s")
                 else:
@@ -248,11 +249,10 @@ class ChaosRun:
                     raise
                 time.sleep(0.5)
 
-    def _final_log(self, client: GatewayClient, kernel_id: str) -> list[int] | None:
-        """The kernel's ``log`` after the run; None if it gave no ``ok`` answer within FINAL_READ_S. (The last
-        fault may have ended just before: after a whole-etcd outage every replica registers again and catches
+    def _final_log(self, client: GatewayClient, kernel_id: str, deadline: float) -> list[int] | None:
+        """The kernel's ``log`` after the run; None if it gave no ``ok`` answer by ``deadline`` (monotonic). (The
+        last fault may have ended just before: after a whole-etcd outage every replica registers again and catches
         up, which on a loaded machine can take a while.)"""
-        deadline = time.monotonic() + FINAL_READ_S
         while time.monotonic() < deadline:
             try:
                 with self._reconnect(client, kernel_id, max(1.0, deadline - time.monotonic())) as conn:
