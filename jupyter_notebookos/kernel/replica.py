@@ -84,9 +84,9 @@ VERIFY_PERIOD_S = 30.0
 #: if no cell came meanwhile (otherwise a notebook that goes quiet right then keeps its whole log until its next
 #: cells); each further look waits twice as long, up to CHECKPOINT_RETRY_MAX_S.
 CHECKPOINT_RETRY_S = 2.0
+CHECKPOINT_RETRY_MAX_S = 120.0
 #: How many records' changed names a replica keeps for its next checkpoint (beyond that it pickles everything).
 TOUCHED_RECORDS_KEPT = 4096
-CHECKPOINT_RETRY_MAX_S = 120.0
 
 
 @contextlib.contextmanager
@@ -222,6 +222,7 @@ class ReplicaKernel(IPythonKernel):
         the log was read at (watch from the next one)."""
         snapshot = self.agent.read_snapshot()
         self._touched.clear()
+        self._touched_dropped = FIRST_SEQ - 1
         self._known_parts(FIRST_SEQ - 1, None)
         if snapshot.checkpoint is not None:
             self._checkpoint_seq = snapshot.checkpoint.seq
