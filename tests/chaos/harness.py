@@ -14,7 +14,8 @@ recorded; the checker then holds the history against each kernel's final state:
 - a cell answered with an error (a NotebookOS error, never the user's), or whose reply never came because the
   gateway died under it, is in the log or not: one append is applied fully or not at all;
 - an acknowledged cell missing from the final log must have been announced by the kernel's next acknowledged
-  cell ("were lost" in its output): never lost silently;
+  cell ("were lost" in its output), or by the read of the final log when no cell came after it: never lost
+  silently;
 - afterwards no GPU stays committed, and once the platform stops (SIGTERM) no process of it is left.
 """
 
@@ -67,7 +68,9 @@ class Reply:
 
     kernel_id: str
     k: int
-    status: str  # "ok", "error", or "unknown" (the gateway died before the reply reached the client)
+    # "ok", "error", "unknown" (the gateway died before the reply reached the client), or "final" (the read of the
+    # final log after the run: it tells of lost changes as any cell does)
+    status: str
     value: int | None
     notice: bool  # the cell's output said an earlier cell's changes were lost
     evalue: str = ""
@@ -114,7 +117,7 @@ def check_history(replies: list[Reply], final: dict[str, list[int]]) -> list[str
                         f"{position[reply.k]} of the final log"
                     )
                 continue
-            told = next((r.notice for r in history[i + 1 :] if r.status == "ok"), None)
+            told = next((r.notice for r in history[i + 1 :] if r.status in ("ok", "final")), None)
             if not told:
                 anomalies.append(f"kernel {kernel_id} cell {reply.k}: acknowledged, then lost without a word")
     return anomalies
@@ -180,11 +183,12 @@ class ChaosRun:
             final: dict[str, list[int]] = {}
             deadline = time.monotonic() + FINAL_READ_S
             for kid in ids:
-                logged = self._final_log(client, kid, deadline)
-                if logged is None:
+                read = self._final_log(client, kid, deadline)
+                if read is None:
                     self.report.anomalies.append(f"kernel {kid}: no answer to the final read within {FINAL_READ_S} s")
                 else:
-                    final[kid] = logged
+                    final[kid], notice = read
+                    self.report.replies.append(Reply(kid, 0, "final", None, notice))
             self.report.anomalies += check_history(self.report.replies, final)
             self.report.anomalies += self._ledger_leaks(client)
             for kid in ids:
@@ -249,10 +253,11 @@ class ChaosRun:
                     raise
                 time.sleep(0.5)
 
-    def _final_log(self, client: GatewayClient, kernel_id: str, deadline: float) -> list[int] | None:
-        """The kernel's ``log`` after the run; None if it gave no ``ok`` answer by ``deadline`` (monotonic). (The
-        last fault may have ended just before: after a whole-etcd outage every replica registers again and catches
-        up, which on a loaded machine can take a while.)"""
+    def _final_log(self, client: GatewayClient, kernel_id: str, deadline: float) -> tuple[list[int], bool] | None:
+        """The kernel's ``log`` after the run, and whether the read told of lost changes (a cell acknowledged just
+        before the last fault, with no cell after it); None if it gave no ``ok`` answer by ``deadline``
+        (monotonic). (The last fault may have ended just before: after a whole-etcd outage every replica registers
+        again and catches up, which on a loaded machine can take a while.)"""
         while time.monotonic() < deadline:
             try:
                 with self._reconnect(client, kernel_id, max(1.0, deadline - time.monotonic())) as conn:
@@ -262,7 +267,7 @@ class ChaosRun:
                 continue
             if result.status == "ok":
                 lines = [line for line in result.stdout.splitlines() if line.startswith("[")]
-                return list(json.loads(lines[-1]))
+                return list(json.loads(lines[-1])), "were lost" in result.stderr
             time.sleep(1)
         return None
 

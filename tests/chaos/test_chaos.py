@@ -34,3 +34,7 @@ def test_the_checker_finds_what_it_must() -> None:
     assert check_history(failed, {"k": [1, 2, 3]}) == []  # the error cell applied fully
     assert "replied len(log) = 3" in check_history(failed, {"k": [1, 3]})[0]  # ...or not: then 3 lied
     assert "never answered" in check_history(ok, {"k": [1, 2, 3, 9]})[0]
+    # The last cell lost (its executor died before its record was stored, no cell came after): the read of the final
+    # log tells of it, or it was lost without a word.
+    assert check_history([*ok, Reply("k", 0, "final", None, True)], {"k": [1, 2]}) == []
+    assert "lost without a word" in check_history([*ok, Reply("k", 0, "final", None, False)], {"k": [1, 2]})[0]
