@@ -258,6 +258,7 @@ class ChaosRun:
         before the last fault, with no cell after it); None if it gave no ``ok`` answer by ``deadline``
         (monotonic). (The last fault may have ended just before: after a whole-etcd outage every replica registers
         again and catches up, which on a loaded machine can take a while.)"""
+        told = False  # (a try that failed may have told already: the notice is given once)
         while time.monotonic() < deadline:
             try:
                 with self._reconnect(client, kernel_id, max(1.0, deadline - time.monotonic())) as conn:
@@ -265,9 +266,10 @@ class ChaosRun:
                     result = conn.execute("import json\nprint(json.dumps(log))", timeout=left)
             except (TimeoutError, GatewayError, *CONNECTION_LOST):
                 continue
+            told = told or "were lost" in result.stderr
             if result.status == "ok":
                 lines = [line for line in result.stdout.splitlines() if line.startswith("[")]
-                return list(json.loads(lines[-1])), "were lost" in result.stderr
+                return list(json.loads(lines[-1])), told
             time.sleep(1)
         return None
 
