@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO / "tests" / "kernel"))
 
 from replica_harness import ReplicaFactory  # noqa: E402
 
+from benchmarks.state_size import store_bytes  # noqa: E402
 from jupyter_notebookos.embedded.etcd import EtcdCluster  # noqa: E402
 from jupyter_notebookos.replication import protocol as p  # noqa: E402
 from jupyter_notebookos.replication.protocol import CellDirective  # noqa: E402
@@ -39,10 +40,6 @@ LINE = re.compile(
     r"checkpoint at seq (\d+) written: pickled in ([\d.]+) ms, then written in ([\d.]+) ms "
     r"\(\d+ records deleted; (\d+) parts, (\d+) of them named again"
 )
-
-
-def store_bytes(root: Path) -> int:
-    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
 
 def main(argv: list[str] | None = None) -> int:
