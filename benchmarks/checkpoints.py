@@ -4,10 +4,12 @@ Runs one real replica kernel (the replica tests' harness: a local etcd, a file o
 follower), holding many small Python objects (``--objects``, dicts in one list, which only pickling can save) and a
 numpy array (``--array-mb``), with a checkpoint every ``--every`` records. Cells then change only a counter, so
 each checkpoint after the first can name the part holding the objects again; then one cell appends to the list,
-and the checkpoint after it pickles the objects again. For each checkpoint it prints, from the executor's log,
-how long pickling took (in a thread, stopped by the next request: see kernel/replica.py) and writing it
-(upload and the etcd commit), how many parts it had and how many it named again, and the bytes the object store
-grew by. The first checkpoint is what every checkpoint cost before checkpoints came in parts.
+and the checkpoint after it pickles the objects again; last, the follower becomes the executor, and its first
+checkpoint names again what the last one holds (it learns the parts from the checkpoint object). For each
+checkpoint it prints, from the executor's log, how long pickling took (in a thread, stopped by the next request:
+see kernel/replica.py) and writing it (upload and the etcd commit), how many parts it had and how many it named
+again, and the bytes the object store grew by. The first checkpoint is what every checkpoint cost before
+checkpoints came in parts.
 
     .venv/bin/python benchmarks/checkpoints.py [--objects N] [--array-mb N] [--every N] [--rounds N]
 """
@@ -57,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             every = {p.ENV_CHECKPOINT_EVERY: str(args.every)}
             r0 = factory.start("r0", every, timeout=60)
-            factory.start("r1", every, timeout=60)  # a follower: records are deleted once it applied them
+            r1 = factory.start("r1", every, timeout=60)  # a follower: records are deleted once it applied them
             fence = factory.elect("r0")
+            executor, follower = r0, r1
             objects = Path(tmp) / "objects"
             key = factory.keys.checkpoint(factory.kernel_id)
             seq = 0
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             def run(code: str) -> None:
                 nonlocal seq
                 seq += 1
-                cell = r0.execute(code, CellDirective(seq=seq, fence=fence), timeout=600)
+                cell = executor.execute(code, CellDirective(seq=seq, fence=fence), timeout=600)
                 assert cell.status == "ok", cell.reply["content"]
 
             def checkpoint(what: str) -> None:
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 target = (seq // args.every + 1) * args.every
                 while seq < target:
                     run("n += 1")
-                factory.wait_applied("r1", seq)
+                factory.wait_applied(follower.rid, seq)
                 deadline = time.monotonic() + 600
                 while time.monotonic() < deadline:
                     kv = factory.etcd.get(key)
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                         break
                     time.sleep(0.1)
                 else:
-                    raise SystemExit(f"no checkpoint at seq {target} within 600 s:\n{r0.log()[-3000:]}")
+                    raise SystemExit(f"no checkpoint at seq {target} within 600 s:\n{executor.log()[-3000:]}")
                 time.sleep(0.5)  # its garbage collection, which deletes only what is older than 10 minutes
                 rows.append((what, target, store_bytes(objects) - before))
 
@@ -101,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint("a cell appended to objs")
             run("w[:1000] = 0.0")
             checkpoint("a cell wrote 8 KB of w")
-            found = {int(m[1]): m for m in LINE.finditer(r0.log())}
+            fence = factory.elect("r1")
+            executor, follower = r1, r0
+            factory.wait_applied("r1", seq)
+            checkpoint("another replica became the executor")
+            found = {int(m[1]): m for m in LINE.finditer(r0.log() + r1.log())}
         finally:
             factory.close()
             cluster.stop()

@@ -504,9 +504,9 @@ class ReplicaAgent:
             )
         return PublishOutcome(record.seq, False, election.term_refusal(executor_key, executor_items, fence))
 
-    async def checkpoint_due(self, head_seq: int, every: int) -> tuple[list[int] | None, int | None]:
+    async def checkpoint_due(self, head_seq: int, every: int) -> tuple[list[int] | None, CheckpointPointer | None]:
         """The log seqs a checkpoint at ``head_seq`` may delete, when that is at least ``every`` records (else
-        None), and the seq of the kernel's checkpoint now (None without one).
+        None), and the pointer of the kernel's checkpoint now (None without one).
 
         Records up to the lowest seq every registered replica has applied may go.
         """
@@ -521,7 +521,7 @@ class ReplicaAgent:
             ],
         )
         log_items, replica_items, applied_items, checkpoint_items = (r.items for r in result.results)
-        current = CheckpointPointer.from_json(checkpoint_items[0].value).seq if checkpoint_items else None
+        current = CheckpointPointer.from_json(checkpoint_items[0].value) if checkpoint_items else None
         applied = {KeyLayout.last_segment(kv.key): int(kv.text) for kv in applied_items}
         floor = head_seq
         for kv in replica_items:

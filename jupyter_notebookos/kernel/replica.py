@@ -51,6 +51,7 @@ from jupyter_notebookos.replication.protocol import (
     FIRST_SEQ,
     METADATA_KEY,
     CellDirective,
+    CheckpointPointer,
     LogRecord,
     stops_on_error,
 )
@@ -705,7 +706,9 @@ class ReplicaKernel(IPythonKernel):
         if abort is not None and not self.msg_queue.empty():
             abort.set()  # a request came while this looked up what the checkpoint may delete
         loop = asyncio.get_running_loop()
-        kept, groups = self._checkpoint_plan(self.tracker.user_names(), current)
+        if current is not None and current.seq > self._parts_seq and self._touched_since(current.seq) is not None:
+            await self._learn_parts(current)  # another replica wrote it (this one was not the executor then)
+        kept, groups = self._checkpoint_plan(self.tracker.user_names(), current.seq if current else None)
         since = self._parts_seq
         threshold = self.settings.buffer_threshold
         self._checkpoint_abort = abort
@@ -768,6 +771,24 @@ class ReplicaKernel(IPythonKernel):
         self._uploading = uploaded
         future = agent.thread.submit(commit())
         future.add_done_callback(_log_failure("checkpoint"))
+
+    async def _learn_parts(self, pointer: CheckpointPointer) -> None:
+        """Learn the parts of the kernel's checkpoint in force, which another replica wrote, from its list in the
+        object store; without them this replica's next checkpoint would pickle every name again.
+
+        The records applied here since say which of its parts still hold the values the log has (see
+        _checkpoint_plan). Not learned, the checkpoint pickles everything, as it did before: a store that cannot
+        be read now costs time, not state."""
+        loop = asyncio.get_running_loop()
+        try:
+            parts = await loop.run_in_executor(None, self.statelog.read_parts, pointer)
+        except Exception as exc:
+            log.warning(
+                "reading the parts of checkpoint %d failed (%s); this checkpoint pickles every name", pointer.seq, exc
+            )
+            return
+        if pointer.seq > self._parts_seq:  # (not if this replica's own, newer checkpoint came meanwhile)
+            self._known_parts(pointer.seq, parts)
 
     def _checkpoint_plan(self, names: list[str], current: int | None) -> tuple[list[CheckpointPart], list[list[str]]]:
         """What the next checkpoint names again and what it pickles: the parts of the kernel's checkpoint now

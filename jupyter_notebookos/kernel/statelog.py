@@ -14,7 +14,9 @@ Between the two the namespace must not change: the replica kernel runs nothing e
 published (``ReplicaKernel._quiesce``).
 
 Checkpoints go the same two steps (:meth:`StateLog.serialize_checkpoint`, :meth:`StateLog.finish_checkpoint`); a
-replacement replica reads one back with :meth:`StateLog.read_checkpoint`. Once a checkpoint is committed,
+replacement replica reads one back with :meth:`StateLog.read_checkpoint`, and a replica that becomes the executor
+learns the parts of the one in force from :meth:`StateLog.read_parts` (so that its next checkpoint pickles only
+what changed since, like that of the replica that wrote it). Once a checkpoint is committed,
 :func:`collect_unreferenced` deletes from the kernel's store what it superseded.
 """
 
@@ -231,7 +233,11 @@ class StateLog:
             if lineage is not None:
                 lineage.commit(refs)
             parts.append(CheckpointPart.of(record, ref))
-        data = StateRecord(kind="checkpoint", parts=tuple(part.ref for part in parts)).to_bytes()
+        data = StateRecord(
+            kind="checkpoint",
+            parts=tuple(part.ref for part in parts),
+            contents=tuple(part.contents for part in parts),
+        ).to_bytes()
         key = self.store.put_checkpoint(seq, data)
         objects = sorted({obj for part in parts for obj in part.objects})
         pointer = CheckpointPointer(
@@ -242,23 +248,7 @@ class StateLog:
     def read_checkpoint(self, pointer: CheckpointPointer) -> Checkpoint:
         """The checkpoint a pointer names: exactly its ``ref``, refused unless it matches its digest (never
         unpickled otherwise), and its parts, each refused unless it matches the digest its key names."""
-        if not pointer.digest:
-            raise BufferCorruptError(
-                f"checkpoint {pointer.ref} has no digest in its pointer (written by an older NotebookOS): it cannot "
-                "be verified, so it is not restored"
-            )
-        try:
-            data = bytes(self.store.fs.cat_file(f"{self.store.root}/{pointer.ref}"))
-        except FileNotFoundError as exc:
-            raise BufferMissingError(
-                f"checkpoint {pointer.ref} is missing from the object store {self.store.url}"
-            ) from exc
-        if content_digest(data) != pointer.digest:
-            raise BufferCorruptError(
-                f"checkpoint {pointer.ref} in {self.store.url} does not match its digest: it was changed or damaged "
-                "in the store, and is refused"
-            )
-        whole = StateRecord.from_bytes(data)
+        whole = self._checkpoint_object(pointer)
         if not whole.parts:  # one piece (an older NotebookOS): nothing the next checkpoint can name again
             return Checkpoint(pointer.seq, [whole], [])
         records: list[StateRecord] = []
@@ -275,6 +265,35 @@ class StateLog:
             records.append(record)
             parts.append(CheckpointPart.of(record, ref))
         return Checkpoint(pointer.seq, records, parts)
+
+    def read_parts(self, pointer: CheckpointPointer) -> list[CheckpointPart] | None:
+        """The parts of the checkpoint a pointer names, from the list in the checkpoint object (refused unless
+        it matches its digest; the parts themselves are not read); None when it does not list what its parts
+        hold (one piece, or written by an older NotebookOS)."""
+        whole = self._checkpoint_object(pointer)
+        if not whole.parts or not whole.contents:
+            return None
+        return [CheckpointPart.listed(ref, contents) for ref, contents in zip(whole.parts, whole.contents, strict=True)]
+
+    def _checkpoint_object(self, pointer: CheckpointPointer) -> StateRecord:
+        """The checkpoint object a pointer names, parsed (nothing unpickled), checked against its digest."""
+        if not pointer.digest:
+            raise BufferCorruptError(
+                f"checkpoint {pointer.ref} has no digest in its pointer (written by an older NotebookOS): it cannot "
+                "be verified, so it is not restored"
+            )
+        try:
+            data = bytes(self.store.fs.cat_file(f"{self.store.root}/{pointer.ref}"))
+        except FileNotFoundError as exc:
+            raise BufferMissingError(
+                f"checkpoint {pointer.ref} is missing from the object store {self.store.url}"
+            ) from exc
+        if content_digest(data) != pointer.digest:
+            raise BufferCorruptError(
+                f"checkpoint {pointer.ref} in {self.store.url} does not match its digest: it was changed or damaged "
+                "in the store, and is refused"
+            )
+        return StateRecord.from_bytes(data)
 
 
 def _serialize_part(
@@ -304,6 +323,18 @@ class CheckpointPart:
     @classmethod
     def of(cls, record: StateRecord, ref: BufferRef) -> CheckpointPart:
         return cls(frozenset(record.bound) | frozenset(record.unserializable), ref, (ref.key, *record.object_keys))
+
+    @classmethod
+    def listed(cls, ref: BufferRef, contents: tuple[tuple[str, ...], tuple[str, ...]]) -> CheckpointPart:
+        """The part as its checkpoint lists it (:attr:`contents`)."""
+        names, digests = contents
+        return cls(frozenset(names), ref, (ref.key, *(ObjectStore.buffer_key(d) for d in digests)))
+
+    @property
+    def contents(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """What the checkpoint object lists of this part: its names, and the digests of the other objects it
+        needs (every object in the store is named by its digest, ObjectStore.buffer_key)."""
+        return tuple(sorted(self.names)), tuple(key.rsplit("/", 1)[-1] for key in self.objects[1:])
 
 
 @dataclass(frozen=True)

@@ -377,7 +377,10 @@ class StateRecord:
 
     A checkpoint may come in ``parts``: objects in the store that each hold a record (``kind="part"``) of some
     of its names, so that the next checkpoint can name again the parts whose names no record changed since,
-    instead of pickling them again (see ``kernel/statelog.py``).
+    instead of pickling them again (see ``kernel/statelog.py``). Its ``contents`` say, for each part in order,
+    the names it holds and the digests of the objects it needs besides itself: a replica that did not write the
+    checkpoint learns from them which parts it may name again without reading the parts (empty in a checkpoint
+    of an older NotebookOS, which an older NotebookOS reads as before: it ignores the header entry).
     """
 
     kind: str
@@ -387,6 +390,13 @@ class StateRecord:
     unserializable: Mapping[str, str] = field(default_factory=dict)
     payload: bytes = b""
     parts: tuple[BufferRef, ...] = ()
+    contents: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.contents and len(self.contents) != len(self.parts):
+            raise RecordFormatError(
+                f"state record header is damaged: {len(self.contents)} part contents for {len(self.parts)} parts"
+            )
 
     @property
     def object_keys(self) -> list[str]:
@@ -432,6 +442,8 @@ class StateRecord:
             header["u"] = dict(self.unserializable)
         if self.parts:
             header["p"] = [[ref.size, ref.digest] for ref in self.parts]
+        if self.contents:
+            header["m"] = [[list(names), list(digests)] for names, digests in self.contents]
         head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
         return (PARTS_MAGIC if self.parts else MAGIC) + _HEADER_LEN.pack(len(head)) + head + self.payload
 
@@ -451,6 +463,8 @@ class StateRecord:
             raise RecordFormatError(f"state record header is damaged: {exc}") from exc
         if (raw[:4] == PARTS_MAGIC) != bool(header.get("p")):
             raise RecordFormatError("state record header is damaged: its parts do not match its magic")
+        if not isinstance(header.get("m", []), list):
+            raise RecordFormatError("state record header is damaged: its part contents are not a list")
         return cls(
             kind=header["k"],
             bound=tuple(header.get("b", ())),
@@ -459,6 +473,7 @@ class StateRecord:
             unserializable=header.get("u", {}),
             payload=raw[8 + size :],
             parts=tuple(_part_entry(entry) for entry in header.get("p", ())),
+            contents=tuple(_contents_entry(entry) for entry in header.get("m", ())),
         )
 
 
@@ -470,6 +485,14 @@ def _part_entry(entry: Any) -> BufferRef:
     if not (sized and isinstance(entry[1], str) and _DIGEST.match(entry[1])):
         raise RecordFormatError(f"state record header has a damaged part entry: {entry!r}")
     return BufferRef(ObjectStore.buffer_key(entry[1]), entry[0], entry[1])
+
+
+def _contents_entry(entry: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if isinstance(entry, list) and len(entry) == 2 and all(isinstance(side, list) for side in entry):
+        names, digests = entry
+        if all(isinstance(n, str) for n in names) and all(isinstance(d, str) and _DIGEST.match(d) for d in digests):
+            return tuple(names), tuple(digests)
+    raise RecordFormatError(f"state record header has a damaged part contents entry: {entry!r}")
 
 
 def _buffer_entry(entry: Any) -> BufferRef | TrackedBuffer:

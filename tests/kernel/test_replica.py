@@ -351,31 +351,78 @@ def test_a_checkpoint_pickles_again_only_the_names_records_changed_since_the_las
     assert out == "300001 {'a': -1} True 3 4\n"
 
 
+def test_a_new_executor_names_again_the_parts_of_the_checkpoint_another_replica_wrote(
+    replicas: ReplicaFactory,
+) -> None:
+    """A replica that becomes the executor learns the parts of the kernel's checkpoint from the checkpoint object,
+    and its first checkpoint pickles only the names that records changed since, as the writer's next one would."""
+    every = {p.ENV_CHECKPOINT_EVERY: "2"}
+    r0 = replicas.start("r0", every)
+    r1 = replicas.start("r1", every)
+    fence = replicas.elect("r0")
+    make = "objs = [{'a': i} for i in range(300_000)]\nalias = objs\nn = 0"
+    assert r0.execute(make, CellDirective(seq=1, fence=fence), timeout=60).status == "ok"
+    assert r0.execute("n += 1", CellDirective(seq=2, fence=fence)).status == "ok"
+    first = _checkpoint_at(replicas, 2)
+    fence = replicas.elect("r1")
+    replicas.wait_applied("r1", 2)
+    for seq in (3, 4):
+        assert r1.execute("n += 1", CellDirective(seq=seq, fence=fence)).status == "ok"
+    second = _checkpoint_at(replicas, 4)
+    assert "2 parts, 1 of them named again from checkpoint 2" in r1.log()
+    assert len(set(first.objects) & set(second.objects)) == 1  # the part of objs and alias
+    r2 = replicas.start("r2", every)
+    assert r2.execute("print(len(objs), alias is objs, n)").stdout == "300000 True 3\n"
+
+
+def test_a_new_executor_does_not_send_again_the_arrays_records_patched_on_it(replicas: ReplicaFactory) -> None:
+    """A follower patches a tracked array in place when it applies a record that changed some of it; once it
+    becomes the executor, its first cell must not count those writes as its own (it sent the array's chunk list,
+    and the array's checkpoint part could not be named again)."""
+    r0 = replicas.start("r0")
+    r1 = replicas.start("r1")
+    fence = replicas.elect("r0")
+    make = "import numpy as np\nw = np.random.default_rng(0).random(2**20)"
+    assert r0.execute(make, CellDirective(seq=1, fence=fence)).status == "ok"
+    assert r0.execute("w[:1000] = 0.0", CellDirective(seq=2, fence=fence)).status == "ok"
+    replicas.wait_applied("r1", 2)
+    fence = replicas.elect("r1")
+    assert r1.execute("n = 1", CellDirective(seq=3, fence=fence)).status == "ok"
+    record = replicas.wait_record(3)
+    assert (record.names, record.objects) == (["n"], [])
+    assert r1.execute("w[5] = 7.0", CellDirective(seq=4, fence=fence)).status == "ok"
+    assert replicas.wait_record(4).names == ["w"]  # (a write of its own still counts)
+    replicas.wait_applied("r0", 4)
+    assert r0.execute("print(w[:2], w[5], n)").stdout == "[0. 0.] 7.0 1\n"
+
+
 def test_a_checkpoint_names_no_part_of_a_checkpoint_another_replica_superseded(replicas: ReplicaFactory) -> None:
     """Only the parts of the kernel's checkpoint in force are named again: a replica that wrote an earlier one,
-    and became the executor again after another replica checkpointed, pickles every name (the store may already
-    have collected the parts it remembers)."""
+    and became the executor again after another replica checkpointed, names none of the parts it remembers (the
+    store may already have collected them), only those of the checkpoint in force that no record changed since."""
     every = {p.ENV_CHECKPOINT_EVERY: "2"}
     r0 = replicas.start("r0", every)
     r1 = replicas.start("r1", every)
     fence = replicas.elect("r0")
     assert r0.execute("big = list(range(100_000))\nn = 0", CellDirective(seq=1, fence=fence)).status == "ok"
     assert r0.execute("n += 1", CellDirective(seq=2, fence=fence)).status == "ok"
-    _checkpoint_at(replicas, 2)
+    first = _checkpoint_at(replicas, 2)
     fence = replicas.elect("r1")
     replicas.wait_applied("r1", 2)
-    for seq in (3, 4):
-        assert r1.execute("n += 1", CellDirective(seq=seq, fence=fence)).status == "ok"
-    _checkpoint_at(replicas, 4)
-    assert "2 parts, 0 of them named again from checkpoint 0" in r1.log()  # r1 started before any checkpoint
+    assert r1.execute("big.append(-1)", CellDirective(seq=3, fence=fence)).status == "ok"
+    assert r1.execute("n += 1", CellDirective(seq=4, fence=fence)).status == "ok"
+    second = _checkpoint_at(replicas, 4)
+    assert "2 parts, 0 of them named again from checkpoint 2" in r1.log()
     fence = replicas.elect("r0")
     replicas.wait_applied("r0", 4)
     for seq in (5, 6):
         assert r0.execute("n += 1", CellDirective(seq=seq, fence=fence)).status == "ok"
-    _checkpoint_at(replicas, 6)
-    assert "2 parts, 0 of them named again from checkpoint 2" in r0.log()
+    third = _checkpoint_at(replicas, 6)
+    assert "2 parts, 1 of them named again from checkpoint 4" in r0.log()
+    assert not set(third.objects) & set(first.objects)
+    assert len(set(third.objects) & set(second.objects)) == 1  # r1's part of big
     r2 = replicas.start("r2", every)
-    assert r2.execute("print(len(big), n)").stdout == "100000 5\n"
+    assert r2.execute("print(len(big), big[-1], n)").stdout == "100001 -1 4\n"
 
 
 def test_a_cell_holding_the_gil_past_the_lease_ttl_keeps_its_replica_registered(replicas: ReplicaFactory) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import struct
+
 import nsprobe
 import numpy as np
 import pytest
@@ -269,3 +272,45 @@ def test_a_damaged_tampered_or_missing_part_is_refused(store):
         StateRecord.from_bytes(MAGIC + whole[4:])
     with pytest.raises(RecordFormatError, match="damaged part entry"):
         StateRecord.from_bytes(StateRecord(kind="checkpoint", parts=(BufferRef("x", 1, "../x"),)).to_bytes())
+
+
+def test_a_checkpoint_lists_what_its_parts_hold_for_a_replica_that_did_not_write_it(store):
+    """A replica that becomes the executor learns the parts of the checkpoint in force from the checkpoint object
+    alone (StateLog.read_parts), as the replica that wrote it knows them: names, part and every object they need."""
+    writer, reader = StateLog(store, "r0"), StateLog(store, "r1")
+    ns = {"objs": [{"i": i} for i in range(20_000)], "big": np.arange(2**18, dtype=np.float64), "n": 1}
+    pointer, parts = writer.finish_checkpoint(writer.serialize_checkpoint(ns, [["objs"], ["big"], ["n"]], 2**20), 2)
+    listed = reader.read_parts(pointer)
+    assert listed is not None
+    assert sorted(listed, key=lambda p: sorted(p.names)) == sorted(parts, key=lambda p: sorted(p.names))
+    assert [sorted(p.names) for p in reader.read_checkpoint(pointer).parts] == [sorted(p.names) for p in listed]
+    # Named again by the reader's checkpoint, they restore as they were.
+    ns["n"] = 2
+    kept = [part for part in listed if "n" not in part.names]
+    later, _ = reader.finish_checkpoint(reader.serialize_checkpoint(ns, [["n"]], 2**20), 4, kept)
+    assert {key for part in kept for key in part.objects} <= set(later.objects)
+    restored = _restore(reader, later)
+    assert restored["n"] == 2 and restored["objs"] == ns["objs"] and np.array_equal(restored["big"], ns["big"])
+
+    # A checkpoint that does not list them (written by an older NotebookOS; or in one piece) gives None.
+    from jupyter_notebookos.replication.digest import content_digest
+    from jupyter_notebookos.replication.protocol import CheckpointPointer
+
+    unlisted = StateRecord(kind="checkpoint", parts=tuple(part.ref for part in parts)).to_bytes()
+    old = CheckpointPointer(seq=6, ref=store.put_checkpoint(6, unlisted), digest=content_digest(unlisted))
+    assert reader.read_parts(old) is None
+    assert len(reader.read_checkpoint(old).records) == 3
+
+    # The list is checked like the rest of the checkpoint object.
+    store.fs.pipe_file(f"{store.root}/{pointer.ref}", store.get_checkpoint(2)[:-1])
+    with pytest.raises(BufferCorruptError, match="does not match its digest"):
+        reader.read_parts(pointer)
+    refs = tuple(part.ref for part in parts)
+    raw = StateRecord(kind="checkpoint", parts=refs).to_bytes()
+    (size,) = struct.unpack_from("<I", raw, 4)
+    header = json.loads(raw[8 : 8 + size])
+    # Fewer entries than parts, a digest that is not one, names that are not strings, not a list at all.
+    for damaged in ([[["n"], []]], [[["n"], ["../x"]]] * 3, [[[1], []]] * 3, "n"):
+        head = json.dumps({**header, "m": damaged}).encode()
+        with pytest.raises(RecordFormatError, match="damaged"):
+            StateRecord.from_bytes(raw[:4] + struct.pack("<I", len(head)) + head)
