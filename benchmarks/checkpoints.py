@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             def checkpoint(what: str) -> None:
                 """Cells changing the counter until the next checkpoint is committed; a pause before each, so
                 that no request stops the pickling."""
+                factory.wait_applied(follower.rid, seq)  # the last cell's own record is uploaded: not counted
                 before = store_bytes(objects)
                 target = (seq // args.every + 1) * args.every
                 while seq < target:
