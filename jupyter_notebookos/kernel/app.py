@@ -147,6 +147,7 @@ class ReplicaApp(IPKernelApp):
             change_detection=kernel.tracker.method,
         )
         self.agent.register(registration)
+        kernel.prepare_baseline()
         logging.getLogger("jupyter_notebookos.kernel").info(
             "registered %.2f s after the process started: %s:%d (shell), applied seq %d, lease %x",
             time.time() - psutil.Process().create_time(),

@@ -277,10 +277,13 @@ class ReplicaKernel(IPythonKernel):
         self._apply_pending()
 
     def _apply_pending(self) -> None:
+        applied = self.applied
         while (record := self._records.pop(self.applied + 1, None)) is not None:
             self._apply_one(record)
         for seq in [s for s in self._records if s <= self.applied]:
             del self._records[seq]
+        if self.applied > applied:
+            self.prepare_baseline()
 
     def _apply_one(self, record: LogRecord) -> None:
         started = time.perf_counter()
@@ -395,8 +398,20 @@ class ReplicaKernel(IPythonKernel):
         self.restore()
         self._apply_pending()
         self.agent.report_applied(self.applied)
+        self.prepare_baseline()
 
     # -- verifying what no cell reached -------------------------------------------------------------------
+
+    def prepare_baseline(self) -> None:
+        """Without a baseline (a follower, a replica that restored): take it once the kernel has been idle a
+        second (see _start_verify), rather than in the first cell this replica runs; at once while the namespace
+        is empty (a replica that starts with its kernel), which costs nothing."""
+        if self.tracker.has_baseline or self.io_loop is None:
+            return
+        if self._verifying is None and not self.tracker.user_names():
+            self.tracker.prepare()
+        else:
+            self._schedule_verify()
 
     def _schedule_verify(self, delay: float = VERIFY_AFTER_S) -> None:
         """Verify the namespace once the kernel has been idle ``delay`` seconds (see StateTracker.verify)."""
@@ -414,15 +429,38 @@ class ReplicaKernel(IPythonKernel):
         if (uploading is not None and not uploading.done()) or (checkpointing is not None and not checkpointing.done()):
             self._schedule_verify()  # a checkpoint or an upload reads the same objects: after it
             return
-        again = self.applied == self._own_seq  # the executor of the last cell watches for threads' writes
-        if not self.tracker.unverified:
-            if not again:
-                return
-            self.tracker.unverify()
         abort = threading.Event()
-        thread = threading.Thread(target=self._verify, args=(abort, again), name="notebookos-verify", daemon=True)
+        if not self.tracker.has_baseline:
+            # A follower (or a replica that restored): the baseline the first cell it runs would take.
+            thread = threading.Thread(target=self._prepare, args=(abort,), name="notebookos-baseline", daemon=True)
+        else:
+            again = self.applied == self._own_seq  # the executor of the last cell watches for threads' writes
+            if not self.tracker.unverified:
+                if not again:
+                    return
+                self.tracker.unverify()
+            thread = threading.Thread(target=self._verify, args=(abort, again), name="notebookos-verify", daemon=True)
         self._verifying = (thread, abort)
         thread.start()
+
+    def _prepare(self, abort: threading.Event) -> None:
+        """The thread that takes the baseline ahead of the first cell (StateTracker.prepare), stopped like the
+        verification; tried again after the next record applied, or after a second of quiet."""
+        started = time.perf_counter()
+        try:
+            with _quick_gil_handoff():
+                done = self.tracker.prepare(abort)
+        except Exception:
+            log.exception("taking the namespace's baseline failed")
+            done = False
+        log.log(
+            logging.INFO if done else logging.DEBUG,
+            "baseline of the namespace %s in %.1f ms, ahead of a cell on this replica",
+            "taken" if done else "stopped",
+            (time.perf_counter() - started) * 1e3,
+        )
+        assert self.io_loop is not None
+        self.io_loop.add_callback(self._verified, abort, None if done else VERIFY_AFTER_S)
 
     def _verify(self, abort: threading.Event, again: bool) -> None:
         """The verification thread. The GIL passes to the kernel's loop within 0.5 ms of a request arriving

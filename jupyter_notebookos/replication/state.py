@@ -82,6 +82,7 @@ from __future__ import annotations
 import ast
 import collections
 import dataclasses
+import logging
 import re
 import threading
 import time
@@ -93,6 +94,8 @@ from jupyter_notebookos.replication.chunks import BufferLineage
 from jupyter_notebookos.replication.fingerprint import Fingerprint, FingerprintAborted, fingerprint
 from jupyter_notebookos.replication.reach import cell_reach, union
 from jupyter_notebookos.replication.writetrack import PageWriteTracker, open_write_tracker
+
+log = logging.getLogger(__name__)
 
 IPYTHON_NAMES = frozenset(
     {"In", "Out", "_", "__", "___", "_i", "_ii", "_iii", "_oh", "_dh", "_ih", "exit", "quit", "get_ipython"}
@@ -391,9 +394,41 @@ class StateTracker:
         else:
             self._bindings, self._reach = cell_bindings(tree), cell_reach(tree)
         if self._baseline is None:
+            started = time.perf_counter()
             self._baseline = self._scan(None, baseline=None).prints
             self._recheck.clear()
             self._unverified.clear()
+            log.info(
+                "no baseline yet: fingerprinted all %d names before the cell, in %.1f ms",
+                len(self._baseline),
+                (time.perf_counter() - started) * 1e3,
+            )
+
+    @property
+    def has_baseline(self) -> bool:
+        """Whether the next cell's capture compares against a baseline (else :meth:`before_cell` takes one)."""
+        return self._baseline is not None
+
+    def prepare(self, abort: threading.Event | None = None) -> bool:
+        """Take the baseline now, as :meth:`before_cell` would: a follower does it while idle, so that the first
+        cell it runs after it becomes the executor does not wait while the whole namespace is fingerprinted
+        (seconds with a million objects). From then on, records applied keep it up to date (:meth:`refresh`,
+        at the cost of what they changed). Returns False when ``abort`` was set first; nothing is kept then.
+
+        Like :meth:`verify`, it runs in a thread while nothing else touches the namespace or this tracker, and
+        reads the namespace only."""
+        self._aborted = None
+        if self._baseline is not None:
+            return True
+        try:
+            prints = self._scan(None, baseline=None, abort=abort).prints
+        except FingerprintAborted as exc:
+            self._aborted = exc.memo  # freed by the next try, not while a request waits
+            return False
+        self._baseline = prints
+        self._recheck.clear()
+        self._unverified.clear()
+        return True
 
     def after_cell(self) -> StateDelta:
         """The cell's delta; its fingerprints become the baseline of the next cell.
@@ -532,22 +567,39 @@ class StateTracker:
             # and writes no scan had taken in yet would count as the first cell's, which would then send the
             # arrays that records patched here (their chunk lists: about 0.3 MiB per 256 MB) to the others again.
             self.writes.scan()
-        if self._baseline is None:
+        baseline = self._baseline
+        if baseline is None:
             return
+        ids_of: dict[str, list[int]] = {}
+        keep: list[Any] = []  # (the pickler memos: ids stay those of live objects while they are compared)
         for name in names:
             if name in self.user_ns and is_user_name(name, self.user_ns[name], self.hidden):
-                self._baseline[name] = fingerprint(
+                ids_of[name] = []
+                baseline[name] = fingerprint(
                     self.user_ns[name],
                     self.user_ns,
+                    ids_of[name],
+                    keep,
                     writes=self.writes,
                     clear_dirty=True,
                     untracked_min=self.track_min_bytes,
                 )
-                # What it shares with other names is not known here: the next capture fingerprints it again.
-                self._recheck.add(name)
             else:
-                self._baseline.pop(name, None)
-                self._recheck.discard(name)
+                baseline.pop(name, None)
+            self._recheck.discard(name)
+        # What they share. A record carries every name that shares an object with a name its cell changed (see
+        # after_cell), and unpickling it makes new objects but for those pickled by reference (the same objects
+        # on the executor): so its names share objects among themselves only, and with other names only where
+        # their baseline already says so. (Before, the next capture fingerprinted them again to find out: the
+        # first cell a follower ran as the executor fingerprinted everything that records had changed since it
+        # last ran one, seconds with a million objects.)
+        reached = collections.Counter(oid for ids in ids_of.values() for oid in set(ids))
+        elsewhere = {oid for name, now in baseline.items() if name not in ids_of for oid in now.shared}
+        for name, ids in ids_of.items():
+            shared = frozenset(oid for oid in ids if reached[oid] > 1 or oid in elsewhere)
+            if shared != baseline[name].shared:
+                baseline[name] = dataclasses.replace(baseline[name], shared=shared)
+        keep.clear()
 
     def apply(self, record: Any, store: Any) -> Any:
         """Apply a state record to this tracker's namespace and keep the baseline in step."""
@@ -583,6 +635,7 @@ class StateTracker:
         *,
         baseline: Mapping[str, Fingerprint] | None,
         written: set[tuple[int, int]] | None = None,
+        abort: threading.Event | None = None,
     ) -> _Scan:
         """Fingerprint the names a cell can reach (every name when ``reach`` or ``baseline`` is None) and those
         :meth:`_must_scan` selects; the others keep their baseline fingerprint."""
@@ -618,6 +671,7 @@ class StateTracker:
                 defer_buffers=defer,
                 writes=self.writes,
                 untracked_min=self.track_min_bytes,
+                abort=abort,
             )
             ids_of[name] = ids
             if full:

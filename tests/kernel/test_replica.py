@@ -378,7 +378,7 @@ def test_a_new_executor_names_again_the_parts_of_the_checkpoint_another_replica_
 def test_a_new_executor_does_not_send_again_the_arrays_records_patched_on_it(replicas: ReplicaFactory) -> None:
     """A follower patches a tracked array in place when it applies a record that changed some of it; once it
     becomes the executor, its first cell must not count those writes as its own (it sent the array's chunk list,
-    and the array's checkpoint part could not be named again)."""
+    and the array's checkpoint part could not be named again), nor fingerprint the whole namespace."""
     r0 = replicas.start("r0")
     r1 = replicas.start("r1")
     fence = replicas.elect("r0")
@@ -394,6 +394,15 @@ def test_a_new_executor_does_not_send_again_the_arrays_records_patched_on_it(rep
     assert replicas.wait_record(4).names == ["w"]  # (a write of its own still counts)
     replicas.wait_applied("r0", 4)
     assert r0.execute("print(w[:2], w[5], n)").stdout == "[0. 0.] 7.0 1\n"
+    assert "no baseline yet" not in r1.log()  # it took its baseline while it followed
+
+    # A replica that restores takes its baseline once idle, not in the first cell it runs.
+    r2 = replicas.start("r2")
+    wait_for(lambda: "baseline of the namespace taken" in r2.log(), 10, "r2's baseline")
+    fence = replicas.elect("r2")
+    assert r2.execute("n += 1", CellDirective(seq=5, fence=fence)).status == "ok"
+    assert replicas.wait_record(5).names == ["n"]
+    assert "no baseline yet" not in r2.log()
 
 
 def test_a_checkpoint_names_no_part_of_a_checkpoint_another_replica_superseded(replicas: ReplicaFactory) -> None:

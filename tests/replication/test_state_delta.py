@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import tempfile
+import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -102,6 +104,36 @@ def test_between_cell_changes_are_caught_by_the_idle_verification_and_sent_with_
     assert executor.tracker.verify() and executor.run("pass").is_empty()
 
 
+def test_a_follower_that_becomes_the_executor_fingerprints_only_what_its_first_cell_reaches(executor, store, replica):
+    """A follower takes its baseline while idle (StateTracker.prepare) and keeps it with the records it applies, and
+    knows what their names share (a record carries every name sharing an object with one its cell changed). The
+    first cell it runs as the executor fingerprints only what that cell reaches, and a change through an alias
+    still sends every name that shares the object."""
+    follower_ns: dict = {}
+    follower = StateTracker(follower_ns, defer_min_bytes=executor.threshold)
+    assert not follower.has_baseline and follower.prepare() and follower.has_baseline
+    executor.run("objs = [{'a': i} for i in range(1000)]\nfirst = objs[0]\nother = [1, 2]")
+    executor.run("n = 1")
+    for record in executor.encoded:
+        follower.apply(record, store)
+    for raw in executor.records:
+        replica.apply(raw)
+
+    follower.before_cell("first['b'] = 2")
+    exec("first['b'] = 2", follower_ns)
+    delta = follower.after_cell()
+    assert set(delta.values) == {"first", "objs"}
+    assert follower.last_scanned == 1  # `first`; objs through what the baseline says it shares
+    replica.apply(encode_delta(delta, store, threshold=executor.threshold, lineage=follower.lineage).to_bytes())
+    assert replica.eval("objs[0] is first and first == {'a': 0, 'b': 2} and len(objs) == 1000 and other == [1, 2]")
+
+    # Stopped before it finished, it keeps nothing (and the first cell takes the baseline itself).
+    stopped = StateTracker(dict(follower_ns), defer_min_bytes=executor.threshold)
+    abort = threading.Event()
+    abort.set()
+    assert not stopped.prepare(abort) and not stopped.has_baseline
+
+
 def test_a_new_large_array_is_checksummed_after_the_reply_and_later_changes_are_still_seen(shell, store):
     executor = Executor(shell, store, write_tracking=False)  # the fallback method; tracking: test_change_detection
     delta = executor.run("import numpy as np\nbig = np.zeros(2 ** 20)\nsmall = np.zeros(100)")
@@ -175,3 +207,29 @@ def test_delta_rule_keeps_a_replica_equal_including_sharing(ops):
             assert _sharing(ns, present) == _sharing(replica, present), code
     for name in [*NAMES, "grow"]:
         ns.pop(name, None)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from("ab"), _op), min_size=1, max_size=14))
+def test_replicas_taking_turns_as_the_executor_stay_equal_including_sharing(turns):
+    """Two replicas, each running some of the cells (the executor changes often, as when GPUs are contended) and
+    applying the other's records. A replica that applies a record keeps its baseline, knowing what the record's
+    names share without fingerprinting them again in its next cell: aliases must survive every hand-over."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store = ObjectStore(f"file://{tmp}")
+        spaces: dict[str, dict] = {"a": {}, "b": {}}
+        trackers = {key: StateTracker(ns) for key, ns in spaces.items()}
+        for tracker in trackers.values():
+            assert tracker.prepare()
+        for who, (template, target, source) in [("a", ("def grow(o):\n    o.append(0)", "", "")), *turns]:
+            code = template.format(target, source)
+            ns, other = spaces[who], spaces["b" if who == "a" else "a"]
+            trackers[who].before_cell(code)
+            with contextlib.suppress(Exception):  # a failing cell (NameError...) still gets its delta
+                exec(code, ns)
+            record = encode_delta(trackers[who].after_cell(), store)
+            trackers["b" if who == "a" else "a"].apply(record, store)
+            present = [n for n in NAMES if n in ns]
+            assert [n for n in NAMES if n in other] == present, code
+            assert {n: ns[n] for n in present} == {n: other[n] for n in present}, code
+            assert _sharing(ns, present) == _sharing(other, present), code
