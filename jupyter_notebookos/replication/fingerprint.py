@@ -203,7 +203,9 @@ def fingerprint(
 
     stream = hashlib.blake2b(digest_size=16)  # the pickle stream's digest, taken a frame at a time
     file = AbortableWriter(abort, stream.update)
-    pickler = _Pickler(file, namespace=namespace, buffer_callback=on_buffer, device_to_host=False, abort=abort)
+    pickler = _Pickler(
+        file, namespace=namespace, buffer_callback=on_buffer, device_to_host=False, numpy_views=False, abort=abort
+    )
     try:
         pickler.dump(value)
     except FingerprintAborted as exc:

@@ -199,7 +199,9 @@ class NamespacePickler(cloudpickle.Pickler):
     loaded under them (``import xml.etree.ElementTree`` binds ``xml``; the replica needs the submodule too).
     ``device_to_host`` (records): torch tensors on a CUDA device are pickled as host tensors, which any replica
     can load (torch would restore them onto a CUDA device, and a follower has none visible between cells).
-    Fingerprints turn it off: they only compare, and torch's own pickling of a device tensor is exact.
+    Fingerprints turn it off: they only compare, and torch's own pickling of a device tensor is exact. So do they
+    ``numpy_views`` (records): a numpy view of an array that a name holds is pickled as that array and where the
+    view lies in it (:func:`_reduce_numpy_view`), so that it is a view of the same array again once loaded.
     """
 
     def __init__(
@@ -209,10 +211,13 @@ class NamespacePickler(cloudpickle.Pickler):
         namespace: Mapping[str, Any],
         buffer_callback: Any = None,
         device_to_host: bool = True,
+        numpy_views: bool = True,
         abort: threading.Event | None = None,
     ):
         super().__init__(file, protocol=PROTOCOL, buffer_callback=buffer_callback)
         self.namespace = namespace
+        self.numpy_views = numpy_views
+        self._named_arrays: dict[int, list[Any]] | None = None  # the arrays names hold (at the first view met)
         self.abort = abort  # set from another thread: SerializationAborted at the next object (see AbortableWriter)
         # Host copies of the device storages pickled so far: (data pointer, size, device) -> (storage, copy).
         self._host_copies: dict[tuple[int, int, str], tuple[Any, Any]] | None = {} if device_to_host else None
@@ -226,6 +231,13 @@ class NamespacePickler(cloudpickle.Pickler):
             prefix = obj.__name__ + "."
             subs = sorted(k for k, m in list(sys.modules.items()) if k.startswith(prefix) and m is not None)
             return (_import_module, (obj.__name__, subs))
+        numpy = sys.modules.get("numpy")
+        if self.numpy_views and numpy is not None and type(obj) is numpy.ndarray and obj.base is not None:
+            if self._named_arrays is None:
+                self._named_arrays = _named_arrays(numpy, self.namespace)
+            reduced = _reduce_numpy_view(numpy, obj, self._named_arrays)
+            if reduced is not NotImplemented:
+                return reduced
         torch = sys.modules.get("torch")
         if torch is not None and type(obj) in (torch.Tensor, torch.UntypedStorage):
             reduced = _reduce_torch(torch, obj, self._host_copies)
@@ -330,6 +342,81 @@ def _rebuild_torch_storage(data: Any) -> Any:
     if view.readonly:
         data = bytearray(view)
     return torch.frombuffer(data, dtype=torch.uint8).untyped_storage()
+
+
+def _numpy_memory(numpy: Any, array: Any) -> tuple[int, int, int]:
+    """The array's memory: the id of the array that owns it (the last of its bases), and the bytes it spans."""
+    owner = array
+    while isinstance(owner.base, numpy.ndarray):
+        owner = owner.base
+    start = end = array.__array_interface__["data"][0]
+    for n, stride in zip(array.shape, array.strides, strict=True):
+        if n == 0:
+            return id(owner), start, start
+        if stride < 0:
+            start += (n - 1) * stride
+        else:
+            end += (n - 1) * stride
+    return id(owner), start, end + array.itemsize
+
+
+def _view_rank(numpy: Any, array: Any) -> tuple[int, bool, int]:
+    """An order among arrays over the same memory (the larger, the better a base to rebuild others as views of):
+    the bytes it spans, whether it owns its memory, and its id (a total order: no two arrays name each other)."""
+    _, start, end = _numpy_memory(numpy, array)
+    return end - start, array.base is None, -id(array)
+
+
+def _reduce_numpy_view(numpy: Any, view: Any, named: dict[int, list[Any]]) -> Any:
+    """A view of an array that a name holds, as that array (pickled once, with the name's value) and where the view
+    lies in it. numpy pickles a view as a copy of what it shows: a follower held two arrays where the executor held
+    one, and once it became the executor, a write through the view no longer reached the array.
+
+    The array is, among those that names hold over the same memory (``named``: by the id of the array owning it;
+    exact, contiguous, not of objects) and span all the view does, the largest (see _view_rank). The state tracker
+    groups the names of arrays over one memory, so a record or a checkpoint part that holds the view holds that
+    array too. A view of no such array goes as numpy pickles it, a copy (else a few elements of an unnamed 1 GB array
+    would send all of it); so do object arrays, whose elements are references."""
+    if view.dtype.hasobject or view.size == 0:
+        return NotImplemented
+    owner, start, end = _numpy_memory(numpy, view)
+    rank = _view_rank(numpy, view)
+    best, best_rank = None, rank
+    for candidate in named.get(owner, ()):
+        if candidate is view:
+            continue
+        _, low, high = _numpy_memory(numpy, candidate)
+        candidate_rank = _view_rank(numpy, candidate)
+        if low <= start and end <= high and candidate_rank > best_rank:
+            best, best_rank = candidate, candidate_rank
+    if best is None:
+        return NotImplemented
+    offset = view.__array_interface__["data"][0] - best.__array_interface__["data"][0]
+    args = (best, view.dtype, tuple(view.shape), tuple(view.strides), offset, bool(view.flags.writeable))
+    return (_rebuild_numpy_view, args)
+
+
+def _named_arrays(numpy: Any, namespace: Mapping[str, Any]) -> dict[int, list[Any]]:
+    """The arrays names hold that views can be rebuilt over, by the id of the array owning their memory."""
+    out: dict[int, list[Any]] = {}
+    for value in list(namespace.values()):
+        if (
+            type(value) is numpy.ndarray
+            and not value.dtype.hasobject
+            and (value.flags.c_contiguous or value.flags.f_contiguous)
+        ):
+            out.setdefault(_numpy_memory(numpy, value)[0], []).append(value)
+    return out
+
+
+def _rebuild_numpy_view(
+    root: Any, dtype: Any, shape: tuple[int, ...], strides: tuple[int, ...], offset: int, writeable: bool
+) -> Any:
+    numpy = importlib.import_module("numpy")
+    view = numpy.ndarray(shape, dtype, buffer=root, offset=offset, strides=strides)
+    if not writeable:
+        view.flags.writeable = False
+    return view
 
 
 def _rebuild_torch_tensor(

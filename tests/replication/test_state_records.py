@@ -25,6 +25,7 @@ from jupyter_notebookos.replication.serialization import (
     UnreplicatedValue,
     UnreplicatedValueError,
     apply_record,
+    encode_values,
 )
 
 
@@ -43,6 +44,42 @@ def test_unpicklable_values_give_one_warning_naming_them_and_the_rest_replicates
     # Unchanged, the unpicklable names do not warn again.
     executor.run("other = 3")
     assert executor.encoded[-1].warning() is None
+
+
+def test_numpy_views_of_named_arrays_stay_views_once_loaded(store):
+    """numpy pickles a view as a copy; a record rebuilds it as a view of the named array it lies in, so that a write
+    through it on the replica that loaded it (once that one runs cells) reaches the array, as on the executor."""
+    base = np.arange(24, dtype=np.float64)
+    big = np.arange(2**18, dtype=np.float64)  # out of band, through the store
+    ns = {
+        "base": base,
+        "tail": base[4:],
+        "every_third": base[::3],
+        "reversed": base[::-1],
+        "grid": base.reshape(4, 6).T,
+        "as_ints": base.view(np.int64)[2:5],
+        "frozen": np.broadcast_to(base[:6], (3, 6)),
+        "window": big[1000:2000],
+        "big": big,
+        "empty": base[5:5],
+        "unnamed": np.ones(100)[10:20],  # its array has no name: a copy, not the 100 elements
+        "objects": np.array([[1], [2]], dtype=object)[1:],
+    }
+    for threshold in (2**20, 1024):  # in band, and every buffer out of band
+        record = encode_values(ns, namespace=ns, store=store, threshold=threshold)
+        out: dict = {}
+        apply_record(record.to_bytes(), out, store)
+        for name, value in ns.items():
+            assert np.array_equal(out[name], value), name
+            assert out[name].flags.writeable == value.flags.writeable, name
+        for name in ("tail", "every_third", "reversed", "grid", "as_ints", "frozen"):
+            assert np.shares_memory(out[name], out["base"]), name
+        assert np.shares_memory(out["window"], out["big"])
+        assert out["unnamed"].base is None or out["unnamed"].base.size == 10  # not the unnamed array
+        out["tail"][0] = -1.0
+        out["reversed"][0] = -2.0
+        assert out["base"][4] == -1.0 and out["base"][-1] == -2.0 and out["grid"][5, 3] == -2.0
+        assert out["objects"][0][0] == 2
 
 
 def test_small_values_are_inline_and_the_record_is_compact(executor):
