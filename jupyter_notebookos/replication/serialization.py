@@ -199,9 +199,9 @@ class NamespacePickler(cloudpickle.Pickler):
     loaded under them (``import xml.etree.ElementTree`` binds ``xml``; the replica needs the submodule too).
     ``device_to_host`` (records): torch tensors on a CUDA device are pickled as host tensors, which any replica
     can load (torch would restore them onto a CUDA device, and a follower has none visible between cells).
-    Fingerprints turn it off: they only compare, and torch's own pickling of a device tensor is exact. So do they
-    ``numpy_views`` (records): a numpy view of an array that a name holds is pickled as that array and where the
-    view lies in it (:func:`_reduce_numpy_view`), so that it is a view of the same array again once loaded.
+    Fingerprints turn it off: they only compare, and torch's own pickling of a device tensor is exact.
+    ``numpy_views`` (records; fingerprints turn it off too): a numpy view of an array that a name holds is pickled
+    as that array and where the view lies in it (:func:`_reduce_numpy_view`), a view of the same array once loaded.
     """
 
     def __init__(
