@@ -330,6 +330,8 @@ class ReplicaKernel(IPythonKernel):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CATCH_UP_TIMEOUT
         while True:
+            # A baseline taken or a verification begun while this waited reads the namespace: it stops first.
+            self._stop_verify()
             self._apply_pending()
             if self.applied >= target:
                 return True
