@@ -445,36 +445,36 @@ class ReplicaKernel(IPythonKernel):
         self._verifying = (thread, abort)
         thread.start()
 
-    def _prepare(self, abort: threading.Event) -> None:
-        """The thread that takes the baseline ahead of the first cell (StateTracker.prepare), stopped like the
-        verification; tried again after the next record applied, or after a second of quiet."""
+    @staticmethod
+    def _in_thread(what: str, work: Callable[[], bool]) -> tuple[bool, float]:
+        """Run a thread's ``work`` (False: stopped or failed) with the GIL passing to the kernel's loop within
+        0.5 ms of a request arriving (instead of Python's default 5 ms); the loop then stops it (_quiesce).
+        Returns whether it finished, and the seconds it took."""
         started = time.perf_counter()
         try:
             with _quick_gil_handoff():
-                done = self.tracker.prepare(abort)
+                done = work()
         except Exception:
-            log.exception("taking the namespace's baseline failed")
+            log.exception("%s failed", what)
             done = False
+        return done, time.perf_counter() - started
+
+    def _prepare(self, abort: threading.Event) -> None:
+        """The thread that takes the baseline ahead of the first cell (StateTracker.prepare), stopped like the
+        verification; tried again after the next record applied, or after a second of quiet."""
+        done, took = self._in_thread("taking the namespace's baseline", partial(self.tracker.prepare, abort))
         log.log(
             logging.INFO if done else logging.DEBUG,
             "baseline of the namespace %s in %.1f ms, ahead of a cell on this replica",
             "taken" if done else "stopped",
-            (time.perf_counter() - started) * 1e3,
+            took * 1e3,
         )
         assert self.io_loop is not None
         self.io_loop.add_callback(self._verified, abort, None if done else VERIFY_AFTER_S)
 
     def _verify(self, abort: threading.Event, again: bool) -> None:
-        """The verification thread. The GIL passes to the kernel's loop within 0.5 ms of a request arriving
-        (instead of Python's default 5 ms) while it runs; the loop then stops it (_quiesce)."""
-        started = time.perf_counter()
-        try:
-            with _quick_gil_handoff():
-                done = self.tracker.verify(abort)
-        except Exception:
-            log.exception("verifying the namespace failed")
-            done = False
-        took = time.perf_counter() - started
+        """The verification thread (see _in_thread)."""
+        done, took = self._in_thread("verifying the namespace", partial(self.tracker.verify, abort))
         log.debug("namespace verification %s in %.1f ms", "done" if done else "stopped", took * 1e3)
         if self.tracker.found:
             log.info(

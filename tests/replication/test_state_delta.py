@@ -168,11 +168,17 @@ _op = st.one_of(
 
 
 def _sharing(ns: dict, names: list[str]) -> set[tuple[str, str]]:
+    """Pairs of names that reach a common list, or arrays over common memory."""
+
     def reach(v, out):
         if isinstance(v, list) and id(v) not in out:
             out.add(id(v))
             for item in v:
                 reach(item, out)
+        elif isinstance(v, np.ndarray):
+            while isinstance(v.base, np.ndarray):
+                v = v.base
+            out.add(id(v))
         return out
 
     sets = {n: reach(ns[n], set()) for n in names if n in ns}
@@ -210,67 +216,12 @@ def test_delta_rule_keeps_a_replica_equal_including_sharing(ops):
         ns.pop(name, None)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.sampled_from("ab"), _op), min_size=1, max_size=14))
-def test_replicas_taking_turns_as_the_executor_stay_equal_including_sharing(turns):
-    """Two replicas, each running some of the cells (the executor changes often, as when GPUs are contended) and
-    applying the other's records. A replica that applies a record keeps its baseline, knowing what the record's
-    names share without fingerprinting them again in its next cell: aliases must survive every hand-over."""
+def _take_turns(turns: list, start: dict) -> None:
+    """Two replicas over namespaces that begin as ``start``, each running the cells of the turns that name it and
+    applying the other's records; after every cell both hold equal values, sharing alike."""
     with tempfile.TemporaryDirectory() as tmp:
         store = ObjectStore(f"file://{tmp}")
-        spaces: dict[str, dict] = {"a": {}, "b": {}}
-        trackers = {key: StateTracker(ns) for key, ns in spaces.items()}
-        for tracker in trackers.values():
-            assert tracker.prepare()
-        for who, (template, target, source) in [("a", ("def grow(o):\n    o.append(0)", "", "")), *turns]:
-            code = template.format(target, source)
-            ns, other = spaces[who], spaces["b" if who == "a" else "a"]
-            trackers[who].before_cell(code)
-            with contextlib.suppress(Exception):  # a failing cell (NameError...) still gets its delta
-                exec(code, ns)
-            record = encode_delta(trackers[who].after_cell(), store)
-            trackers["b" if who == "a" else "a"].apply(record, store)
-            present = [n for n in NAMES if n in ns]
-            assert [n for n in NAMES if n in other] == present, code
-            assert {n: ns[n] for n in present} == {n: other[n] for n in present}, code
-            assert _sharing(ns, present) == _sharing(other, present), code
-
-
-_array_op = st.one_of(
-    st.tuples(st.just("{0} = np.zeros(4)"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-    st.tuples(st.just("{0} = {1}[1:]"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-    st.tuples(st.just("{0}[0] += 1"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-    st.tuples(st.just("{0} = [{1}]"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-    st.tuples(st.just("grow({0})"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-    st.tuples(st.just("del {0}"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-)
-
-
-def _memory_sharing(ns: dict, names: list[str]) -> set[tuple[str, str]]:
-    """Pairs of names that reach a common list, or arrays over common memory."""
-
-    def reach(v, out):
-        if isinstance(v, list) and id(v) not in out:
-            out.add(id(v))
-            for item in v:
-                reach(item, out)
-        elif isinstance(v, np.ndarray):
-            while isinstance(v.base, np.ndarray):
-                v = v.base
-            out.add(id(v))
-        return out
-
-    sets = {n: reach(ns[n], set()) for n in names if n in ns}
-    return {(a, b) for a in sets for b in sets if a < b and sets[a] & sets[b]}
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.sampled_from("ab"), _array_op), min_size=1, max_size=12))
-def test_replicas_taking_turns_keep_views_of_arrays_as_views(turns):
-    """As above, with numpy arrays and views of them: a view and its base stay one memory on both replicas."""
-    with tempfile.TemporaryDirectory() as tmp:
-        store = ObjectStore(f"file://{tmp}")
-        spaces: dict[str, dict] = {"a": {"np": np}, "b": {"np": np}}
+        spaces: dict[str, dict] = {"a": dict(start), "b": dict(start)}
         trackers = {key: StateTracker(ns) for key, ns in spaces.items()}
         for tracker in trackers.values():
             assert tracker.prepare()
@@ -285,4 +236,30 @@ def test_replicas_taking_turns_keep_views_of_arrays_as_views(turns):
             present = [n for n in NAMES if n in ns]
             assert [n for n in NAMES if n in other] == present, code
             assert {n: pickle.dumps(ns[n]) for n in present} == {n: pickle.dumps(other[n]) for n in present}, code
-            assert _memory_sharing(ns, present) == _memory_sharing(other, present), code
+            assert _sharing(ns, present) == _sharing(other, present), code
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from("ab"), _op), min_size=1, max_size=14))
+def test_replicas_taking_turns_as_the_executor_stay_equal_including_sharing(turns):
+    """Two replicas, each running some of the cells (the executor changes often, as when GPUs are contended) and
+    applying the other's records. A replica that applies a record keeps its baseline, knowing what the record's
+    names share without fingerprinting them again in its next cell: aliases must survive every hand-over."""
+    _take_turns(turns, {})
+
+
+_array_op = st.one_of(
+    st.tuples(st.just("{0} = np.zeros(4)"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
+    st.tuples(st.just("{0} = {1}[1:]"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
+    st.tuples(st.just("{0}[0] += 1"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
+    st.tuples(st.just("{0} = [{1}]"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
+    st.tuples(st.just("grow({0})"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
+    st.tuples(st.just("del {0}"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from("ab"), _array_op), min_size=1, max_size=12))
+def test_replicas_taking_turns_keep_views_of_arrays_as_views(turns):
+    """As above, with numpy arrays and views of them: a view and its base stay one memory on both replicas."""
+    _take_turns(turns, {"np": np})
