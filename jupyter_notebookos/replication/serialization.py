@@ -212,12 +212,16 @@ class NamespacePickler(cloudpickle.Pickler):
         buffer_callback: Any = None,
         device_to_host: bool = True,
         numpy_views: bool = True,
+        numpy_bases: dict[int, list[Any]] | None = None,
         abort: threading.Event | None = None,
     ):
         super().__init__(file, protocol=PROTOCOL, buffer_callback=buffer_callback)
         self.namespace = namespace
         self.numpy_views = numpy_views
-        self._named_arrays: dict[int, list[Any]] | None = None  # the arrays names hold (at the first view met)
+        # The arrays views can be rebuilt over (_reduce_numpy_view): those names hold (taken at the first array met)
+        # and those pickled whole so far; and the views pickled as copies, for want of one.
+        self.numpy_bases = numpy_bases
+        self.copied_views: list[Any] = []
         self.abort = abort  # set from another thread: SerializationAborted at the next object (see AbortableWriter)
         # Host copies of the device storages pickled so far: (data pointer, size, device) -> (storage, copy).
         self._host_copies: dict[tuple[int, int, str], tuple[Any, Any]] | None = {} if device_to_host else None
@@ -232,12 +236,15 @@ class NamespacePickler(cloudpickle.Pickler):
             subs = sorted(k for k, m in list(sys.modules.items()) if k.startswith(prefix) and m is not None)
             return (_import_module, (obj.__name__, subs))
         numpy = sys.modules.get("numpy")
-        if self.numpy_views and numpy is not None and type(obj) is numpy.ndarray and obj.base is not None:
-            if self._named_arrays is None:
-                self._named_arrays = _named_arrays(numpy, self.namespace)
-            reduced = _reduce_numpy_view(numpy, obj, self._named_arrays)
-            if reduced is not NotImplemented:
-                return reduced
+        if self.numpy_views and numpy is not None and type(obj) is numpy.ndarray:
+            if self.numpy_bases is None:
+                self.numpy_bases = _named_arrays(numpy, self.namespace)
+            if obj.base is not None:
+                reduced = _reduce_numpy_view(numpy, obj, self.numpy_bases)
+                if reduced is not NotImplemented:
+                    return reduced
+                self.copied_views.append(obj)
+            _add_base(numpy, obj, self.numpy_bases)  # pickled whole here: later views of it are views again
         torch = sys.modules.get("torch")
         if torch is not None and type(obj) in (torch.Tensor, torch.UntypedStorage):
             reduced = _reduce_torch(torch, obj, self._host_copies)
@@ -252,6 +259,13 @@ class NamespacePickler(cloudpickle.Pickler):
                 clsdict = {k: v for k, v in state[0].items() if k != "__slotnames__"}
                 reduced = (*reduced[:2], (clsdict, *state[1:]), *reduced[3:])
         return reduced
+
+    def views_copied_in_vain(self) -> bool:
+        """Whether a view went as a copy although an array pickled after it could have been its base (a view in one
+        container, its array in another): pickled again with those arrays known, it goes as a view."""
+        numpy = sys.modules.get("numpy")
+        bases = self.numpy_bases or {}
+        return any(_reduce_numpy_view(numpy, view, bases) is not NotImplemented for view in self.copied_views)
 
     def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
         if func.__globals__ is not self.namespace:
@@ -372,11 +386,12 @@ def _reduce_numpy_view(numpy: Any, view: Any, named: dict[int, list[Any]]) -> An
     lies in it. numpy pickles a view as a copy of what it shows: a follower held two arrays where the executor held
     one, and once it became the executor, a write through the view no longer reached the array.
 
-    The array is, among those that names hold over the same memory (``named``: by the id of the array owning it;
-    exact, contiguous, not of objects) and span all the view does, the largest (see _view_rank). The state tracker
-    groups the names of arrays over one memory, so a record or a checkpoint part that holds the view holds that
-    array too. A view of no such array goes as numpy pickles it, a copy (else a few elements of an unnamed 1 GB array
-    would send all of it); so do object arrays, whose elements are references."""
+    The array is, among those over the same memory that names hold or that this pickler already pickled whole
+    (``named``: by the id of the array owning the memory; contiguous, not of objects) and that span all the view
+    does, the largest (see _view_rank). The state tracker groups the names of values over one memory, so a record or
+    a checkpoint part that holds the view holds that array too (encode_values pickles views last, so that an array
+    inside a container comes first). A view of no such array goes as numpy pickles it, a copy (else a few elements
+    of an unnamed 1 GB array would send all of it); so do object arrays, whose elements are references."""
     if view.dtype.hasobject or view.size == 0:
         return NotImplemented
     owner, start, end = _numpy_memory(numpy, view)
@@ -400,13 +415,17 @@ def _named_arrays(numpy: Any, namespace: Mapping[str, Any]) -> dict[int, list[An
     """The arrays names hold that views can be rebuilt over, by the id of the array owning their memory."""
     out: dict[int, list[Any]] = {}
     for value in list(namespace.values()):
-        if (
-            type(value) is numpy.ndarray
-            and not value.dtype.hasobject
-            and (value.flags.c_contiguous or value.flags.f_contiguous)
-        ):
-            out.setdefault(_numpy_memory(numpy, value)[0], []).append(value)
+        if type(value) is numpy.ndarray:
+            _add_base(numpy, value, out)
     return out
+
+
+def _add_base(numpy: Any, array: Any, bases: dict[int, list[Any]]) -> None:
+    """Count ``array`` among the arrays views can be rebuilt over, if it is one (contiguous, not of objects)."""
+    if not array.dtype.hasobject and (array.flags.c_contiguous or array.flags.f_contiguous):
+        same = bases.setdefault(_numpy_memory(numpy, array)[0], [])
+        if not any(other is array for other in same):
+            same.append(array)
 
 
 def _rebuild_numpy_view(
@@ -604,12 +623,18 @@ def _dump(
             return False
         return True
 
-    stream = io.BytesIO()
-    file = stream if abort is None else AbortableWriter(abort, stream.write)
-    NamespacePickler(file, namespace=namespace, buffer_callback=buffer_callback, abort=abort).dump(
-        [_NamespaceRef() if v is namespace else v for v in values]
-    )
-    return stream.getvalue(), out_of_band
+    bases = None
+    while True:
+        out_of_band.clear()
+        stream = io.BytesIO()
+        file = stream if abort is None else AbortableWriter(abort, stream.write)
+        pickler = NamespacePickler(
+            file, namespace=namespace, buffer_callback=buffer_callback, numpy_bases=bases, abort=abort
+        )
+        pickler.dump([_NamespaceRef() if v is namespace else v for v in values])
+        if bases is not None or not pickler.views_copied_in_vain():
+            return stream.getvalue(), out_of_band
+        bases = pickler.numpy_bases  # once more, knowing them all (rare: a view met before its array)
 
 
 def encode_values(

@@ -175,7 +175,7 @@ def _sharing(ns: dict, names: list[str]) -> set[tuple[str, str]]:
             out.add(id(v))
             for item in v:
                 reach(item, out)
-        elif isinstance(v, np.ndarray):
+        elif isinstance(v, np.ndarray) and v.size:  # (an empty view shares nothing a write could reach)
             while isinstance(v.base, np.ndarray):
                 v = v.base
             out.add(id(v))

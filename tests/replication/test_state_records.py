@@ -51,6 +51,7 @@ def test_numpy_views_of_named_arrays_stay_views_once_loaded(store):
     through it on the replica that loaded it (once that one runs cells) reaches the array, as on the executor."""
     base = np.arange(24, dtype=np.float64)
     big = np.arange(2**18, dtype=np.float64)  # out of band, through the store
+    inner = np.arange(8, dtype=np.float64)
     ns = {
         "base": base,
         "tail": base[4:],
@@ -63,6 +64,8 @@ def test_numpy_views_of_named_arrays_stay_views_once_loaded(store):
         "big": big,
         "empty": base[5:5],
         "unnamed": np.ones(100)[10:20],  # its array has no name: a copy, not the 100 elements
+        "views": [inner[2:5]],  # a view in one container, its array in another, pickled after it
+        "arrays": [inner],
         "objects": np.array([[1], [2]], dtype=object)[1:],
     }
     for threshold in (2**20, 1024):  # in band, and every buffer out of band
@@ -70,8 +73,12 @@ def test_numpy_views_of_named_arrays_stay_views_once_loaded(store):
         out: dict = {}
         apply_record(record.to_bytes(), out, store)
         for name, value in ns.items():
+            if name in ("views", "arrays"):
+                assert np.array_equal(out[name][0], value[0])
+                continue
             assert np.array_equal(out[name], value), name
             assert out[name].flags.writeable == value.flags.writeable, name
+        assert np.shares_memory(out["views"][0], out["arrays"][0])
         for name in ("tail", "every_third", "reversed", "grid", "as_ints", "frozen"):
             assert np.shares_memory(out[name], out["base"]), name
         assert np.shares_memory(out["window"], out["big"])
