@@ -398,8 +398,8 @@ def _reduce_numpy_view(numpy: Any, view: Any, named: dict[int, list[Any]]) -> An
     rank = _view_rank(numpy, view)
     best, best_rank = None, rank
     for candidate in named.get(owner, ()):
-        if candidate is view:
-            continue
+        if candidate is view or (view.flags.writeable and not candidate.flags.writeable):
+            continue  # (a view over a read-only array could not be written through once loaded)
         _, low, high = _numpy_memory(numpy, candidate)
         candidate_rank = _view_rank(numpy, candidate)
         if low <= start and end <= high and candidate_rank > best_rank:

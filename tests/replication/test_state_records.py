@@ -52,6 +52,9 @@ def test_numpy_views_of_named_arrays_stay_views_once_loaded(store):
     base = np.arange(24, dtype=np.float64)
     big = np.arange(2**18, dtype=np.float64)  # out of band, through the store
     inner = np.arange(8, dtype=np.float64)
+    locked_base = np.arange(4, dtype=np.float64)
+    locked = locked_base.view()
+    locked.flags.writeable = False
     ns = {
         "base": base,
         "tail": base[4:],
@@ -60,6 +63,8 @@ def test_numpy_views_of_named_arrays_stay_views_once_loaded(store):
         "grid": base.reshape(4, 6).T,
         "as_ints": base.view(np.int64)[2:5],
         "frozen": np.broadcast_to(base[:6], (3, 6)),
+        "locked": locked,  # a read-only view: the writeable views of its memory are not rebuilt over it
+        "open": locked_base[2:],
         "window": big[1000:2000],
         "big": big,
         "empty": base[5:5],
