@@ -105,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint("a cell appended to objs")
             run("w[:1000] = 0.0")
             checkpoint("a cell wrote 8 KB of w")
+            factory.wait_applied("r1", seq)
             fence = factory.elect("r1")
             executor, follower = r1, r0
-            factory.wait_applied("r1", seq)
             checkpoint("another replica became the executor")
             found = {int(m[1]): m for m in LINE.finditer(r0.log() + r1.log())}
         finally:
