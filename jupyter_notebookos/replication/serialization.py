@@ -28,6 +28,7 @@ cells instances of the very class object the replica already has.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import contextvars
 import importlib
@@ -212,16 +213,17 @@ class NamespacePickler(cloudpickle.Pickler):
         buffer_callback: Any = None,
         device_to_host: bool = True,
         numpy_views: bool = True,
-        numpy_bases: dict[int, list[Any]] | None = None,
+        numpy_bases: _NumpyBases | None = None,
         abort: threading.Event | None = None,
     ):
         super().__init__(file, protocol=PROTOCOL, buffer_callback=buffer_callback)
         self.namespace = namespace
         self.numpy_views = numpy_views
-        # The arrays views can be rebuilt over (_reduce_numpy_view): those names hold (taken at the first array met)
-        # and those pickled whole so far; and the views pickled as copies, for want of one.
+        # The arrays views are rebuilt over (_reduce_numpy_view): those names hold (taken at the first view met), or
+        # as given (a second pickling); the views pickled as copies for want of one, and the arrays pickled whole.
         self.numpy_bases = numpy_bases
-        self.copied_views: list[Any] = []
+        self.copied_views: list[tuple[Any, int]] = []  # (view, the id of the array owning its memory)
+        self.whole: list[Any] = []
         self.abort = abort  # set from another thread: SerializationAborted at the next object (see AbortableWriter)
         # Host copies of the device storages pickled so far: (data pointer, size, device) -> (storage, copy).
         self._host_copies: dict[tuple[int, int, str], tuple[Any, Any]] | None = {} if device_to_host else None
@@ -237,14 +239,16 @@ class NamespacePickler(cloudpickle.Pickler):
             return (_import_module, (obj.__name__, subs))
         numpy = sys.modules.get("numpy")
         if self.numpy_views and numpy is not None and type(obj) is numpy.ndarray:
-            if self.numpy_bases is None:
-                self.numpy_bases = _named_arrays(numpy, self.namespace)
             if obj.base is not None:
-                reduced = _reduce_numpy_view(numpy, obj, self.numpy_bases)
-                if reduced is not NotImplemented:
-                    return reduced
-                self.copied_views.append(obj)
-            _add_base(numpy, obj, self.numpy_bases)  # pickled whole here: later views of it are views again
+                if self.numpy_bases is None:
+                    self.numpy_bases = _NumpyBases.named(numpy, self.namespace)
+                owner = _numpy_owner(numpy, obj)
+                if self.numpy_bases.holds(owner):
+                    reduced = _reduce_numpy_view(obj, _numpy_memory(numpy, obj), self.numpy_bases)
+                    if reduced is not NotImplemented:
+                        return reduced
+                self.copied_views.append((obj, owner))
+            self.whole.append(obj)  # (see views_copied_in_vain)
         torch = sys.modules.get("torch")
         if torch is not None and type(obj) in (torch.Tensor, torch.UntypedStorage):
             reduced = _reduce_torch(torch, obj, self._host_copies)
@@ -260,12 +264,34 @@ class NamespacePickler(cloudpickle.Pickler):
                 reduced = (*reduced[:2], (clsdict, *state[1:]), *reduced[3:])
         return reduced
 
-    def views_copied_in_vain(self) -> bool:
-        """Whether a view went as a copy although an array pickled after it could have been its base (a view in one
-        container, its array in another): pickled again with those arrays known, it goes as a view."""
+    def views_copied_in_vain(self) -> _NumpyBases | None:
+        """The bases to pickle again with, when a view went as a copy although an array this pickled whole spans it
+        (a view in one container, its array in another); else None. Only the arrays over the memory of such views
+        are looked at, and a sort tells whether one spans a view: a list of many small arrays costs a list append
+        each, and one of many rows of an unnamed array a sort."""
         numpy = sys.modules.get("numpy")
-        bases = self.numpy_bases or {}
-        return any(_reduce_numpy_view(numpy, view, bases) is not NotImplemented for view in self.copied_views)
+        if not self.copied_views or numpy is None or self.numpy_bases is None:
+            return None
+        copied = {id(view) for view, _ in self.copied_views}
+        over: dict[int, list[Any]] = {owner: [] for _, owner in self.copied_views}
+        for array in self.whole:
+            same = over.get(_numpy_owner(numpy, array))
+            if same is not None:
+                same.append(array)
+        bases, in_vain = self.numpy_bases, False
+        for arrays in over.values():
+            memories = [_numpy_memory(numpy, array) for array in arrays]
+            reach = -1  # the farthest end of the arrays that start before this one (or where it does, and end later)
+            spanned = False
+            for low, negative_high, i in sorted((m[1], -m[2], i) for i, m in enumerate(memories)):
+                high = -negative_high
+                spanned = spanned or (reach >= high > low and id(arrays[i]) in copied)
+                reach = max(reach, high)
+            if spanned:
+                in_vain = True
+                for array, memory in zip(arrays, memories, strict=True):
+                    bases.add(array, memory)
+        return bases if in_vain else None
 
     def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
         if func.__globals__ is not self.namespace:
@@ -358,74 +384,113 @@ def _rebuild_torch_storage(data: Any) -> Any:
     return torch.frombuffer(data, dtype=torch.uint8).untyped_storage()
 
 
+def _numpy_owner(numpy: Any, array: Any) -> int:
+    """The id of the array that owns the array's memory (the last of its bases)."""
+    while isinstance(array.base, numpy.ndarray):
+        array = array.base
+    return id(array)
+
+
 def _numpy_memory(numpy: Any, array: Any) -> tuple[int, int, int]:
-    """The array's memory: the id of the array that owns it (the last of its bases), and the bytes it spans."""
-    owner = array
-    while isinstance(owner.base, numpy.ndarray):
-        owner = owner.base
+    """The array's memory: the id of the array that owns it (_numpy_owner), and the bytes it spans."""
     start = end = array.__array_interface__["data"][0]
     for n, stride in zip(array.shape, array.strides, strict=True):
         if n == 0:
-            return id(owner), start, start
+            return _numpy_owner(numpy, array), start, start
         if stride < 0:
             start += (n - 1) * stride
         else:
             end += (n - 1) * stride
-    return id(owner), start, end + array.itemsize
+    return _numpy_owner(numpy, array), start, end + array.itemsize
 
 
-def _view_rank(numpy: Any, array: Any) -> tuple[int, bool, int]:
-    """An order among arrays over the same memory (the larger, the better a base to rebuild others as views of):
-    the bytes it spans, whether it owns its memory, and its id (a total order: no two arrays name each other)."""
-    _, start, end = _numpy_memory(numpy, array)
-    return end - start, array.base is None, -id(array)
+class _NumpyBases:
+    """The arrays views can be rebuilt over (:func:`_reduce_numpy_view`): contiguous, not of objects, held by a name
+    or pickled whole by this pickler.
+
+    Ranked by the bytes they span, then whether they own their memory, then id (a strict order, so no two arrays are
+    rebuilt from each other). Per memory (the id of the array owning it) only the arrays that no higher-ranked one
+    spans are kept, sorted by address: then none spans another, their ends are sorted too, and those that span a
+    given view are found by bisection. (A view is rebuilt over the highest-ranked array spanning it, which is never
+    one that another spans. A list of a million rows of an unnamed array costs a bisection per row.)"""
+
+    def __init__(self) -> None:
+        # owner id -> (starts, ends, [(rank, array)]), in address order.
+        self._memory: dict[int, tuple[list[int], list[int], list[tuple[tuple[int, bool, int], Any]]]] = {}
+
+    @classmethod
+    def named(cls, numpy: Any, namespace: Mapping[str, Any]) -> _NumpyBases:
+        """The arrays names hold."""
+        bases = cls()
+        for value in list(namespace.values()):
+            if type(value) is numpy.ndarray:
+                bases.add(value, _numpy_memory(numpy, value))
+        return bases
+
+    def add(self, array: Any, memory: tuple[int, int, int]) -> None:
+        """Count ``array`` (its ``memory``: _numpy_memory) in, if views can be rebuilt over it."""
+        if array.dtype.hasobject or not (array.flags.c_contiguous or array.flags.f_contiguous):
+            return
+        owner, low, high = memory
+        if low == high:
+            return
+        rank = (high - low, array.base is None, -id(array))
+        starts, ends, entries = self._memory.setdefault(owner, ([], [], []))
+        first, last = self._spanning(starts, ends, low, high)
+        if any(entries[i][0] > rank for i in range(first, last)):
+            return  # a higher-ranked one spans it
+        # The ones it spans (those spanning it are the same span, ranked lower) go.
+        inner = bisect.bisect_left(starts, low)
+        beyond = bisect.bisect_right(ends, high, inner)
+        del starts[inner:beyond], ends[inner:beyond], entries[inner:beyond]
+        starts.insert(inner, low)
+        ends.insert(inner, high)
+        entries.insert(inner, (rank, array))
+
+    def holds(self, owner: int) -> bool:
+        """Whether an array over the memory of owner ``owner`` is among them."""
+        return owner in self._memory
+
+    def best(self, view: Any, memory: tuple[int, int, int]) -> Any:
+        """The highest-ranked array that spans ``view`` (its ``memory``), not ``view`` itself, not a read-only one
+        for a writeable view; or None."""
+        owner, low, high = memory
+        held = self._memory.get(owner)
+        if held is None or low == high:
+            return None
+        starts, ends, entries = held
+        first, last = self._spanning(starts, ends, low, high)
+        usable = [
+            (rank, array)
+            for rank, array in entries[first:last]
+            if array is not view and not (view.flags.writeable and not array.flags.writeable)
+        ]
+        return max(usable, key=lambda entry: entry[0])[1] if usable else None
+
+    @staticmethod
+    def _spanning(starts: list[int], ends: list[int], low: int, high: int) -> tuple[int, int]:
+        """The slice of entries that span [low, high): they start at or before ``low`` and end at or after ``high``."""
+        last = bisect.bisect_right(starts, low)
+        return bisect.bisect_left(ends, high, 0, last), last
 
 
-def _reduce_numpy_view(numpy: Any, view: Any, named: dict[int, list[Any]]) -> Any:
+def _reduce_numpy_view(view: Any, memory: tuple[int, int, int], bases: _NumpyBases) -> Any:
     """A view of an array that a name holds, as that array (pickled once, with the name's value) and where the view
     lies in it. numpy pickles a view as a copy of what it shows: a follower held two arrays where the executor held
     one, and once it became the executor, a write through the view no longer reached the array.
 
-    The array is, among those over the same memory that names hold or that this pickler already pickled whole
-    (``named``: by the id of the array owning the memory; contiguous, not of objects) and that span all the view
-    does, the largest (see _view_rank). The state tracker groups the names of values over one memory, so a record or
-    a checkpoint part that holds the view holds that array too (encode_values pickles views last, so that an array
-    inside a container comes first). A view of no such array goes as numpy pickles it, a copy (else a few elements
-    of an unnamed 1 GB array would send all of it); so do object arrays, whose elements are references."""
+    The array is the best of ``bases`` (see _NumpyBases): the state tracker groups the names of values over one
+    memory, so a record or a checkpoint part that holds the view holds that array too. A view of no such array
+    goes as numpy pickles it, a copy (else a few elements of an unnamed 1 GB array would send all of it); so do
+    object arrays, whose elements are references, and empty views."""
     if view.dtype.hasobject or view.size == 0:
         return NotImplemented
-    owner, start, end = _numpy_memory(numpy, view)
-    rank = _view_rank(numpy, view)
-    best, best_rank = None, rank
-    for candidate in named.get(owner, ()):
-        if candidate is view or (view.flags.writeable and not candidate.flags.writeable):
-            continue  # (a view over a read-only array could not be written through once loaded)
-        _, low, high = _numpy_memory(numpy, candidate)
-        candidate_rank = _view_rank(numpy, candidate)
-        if low <= start and end <= high and candidate_rank > best_rank:
-            best, best_rank = candidate, candidate_rank
+    best = bases.best(view, memory)
     if best is None:
         return NotImplemented
     offset = view.__array_interface__["data"][0] - best.__array_interface__["data"][0]
     args = (best, view.dtype, tuple(view.shape), tuple(view.strides), offset, bool(view.flags.writeable))
     return (_rebuild_numpy_view, args)
-
-
-def _named_arrays(numpy: Any, namespace: Mapping[str, Any]) -> dict[int, list[Any]]:
-    """The arrays names hold that views can be rebuilt over, by the id of the array owning their memory."""
-    out: dict[int, list[Any]] = {}
-    for value in list(namespace.values()):
-        if type(value) is numpy.ndarray:
-            _add_base(numpy, value, out)
-    return out
-
-
-def _add_base(numpy: Any, array: Any, bases: dict[int, list[Any]]) -> None:
-    """Count ``array`` among the arrays views can be rebuilt over, if it is one (contiguous, not of objects)."""
-    if not array.dtype.hasobject and (array.flags.c_contiguous or array.flags.f_contiguous):
-        same = bases.setdefault(_numpy_memory(numpy, array)[0], [])
-        if not any(other is array for other in same):
-            same.append(array)
 
 
 def _rebuild_numpy_view(
@@ -632,9 +697,9 @@ def _dump(
             file, namespace=namespace, buffer_callback=buffer_callback, numpy_bases=bases, abort=abort
         )
         pickler.dump([_NamespaceRef() if v is namespace else v for v in values])
-        if bases is not None or not pickler.views_copied_in_vain():
+        if bases is not None or (bases := pickler.views_copied_in_vain()) is None:
             return stream.getvalue(), out_of_band
-        bases = pickler.numpy_bases  # once more, knowing them all (rare: a view met before its array)
+        # Once more, knowing them (rare: a view whose array is not a name's value).
 
 
 def encode_values(
