@@ -19,6 +19,7 @@ It runs the user's own code like any IPython kernel. What it adds:
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import concurrent.futures
 import contextlib
@@ -55,8 +56,12 @@ from jupyter_notebookos.replication.protocol import (
     LogRecord,
     stops_on_error,
 )
-from jupyter_notebookos.replication.serialization import SerializationAborted, UnreplicatedValue
-from jupyter_notebookos.replication.state import StateTracker
+from jupyter_notebookos.replication.serialization import (
+    SerializationAborted,
+    UnreplicatedValue,
+    unserializable_warning,
+)
+from jupyter_notebookos.replication.state import StateDelta, StateTracker
 from jupyter_notebookos.waiting import wait_event
 
 #: Unreferenced object-store buffers younger than this survive garbage collection: an upload whose record is
@@ -147,13 +152,27 @@ def _chain(source: concurrent.futures.Future[Any], target: concurrent.futures.Fu
         target.set_result(source.result())
 
 
+class _CellTree(ast.NodeTransformer):
+    """Hands the state tracker the syntax tree IPython compiles each cell from, unchanged (IPython calls every
+    AST transformer of the shell with it), so that the capture need not parse the cell again. Should user code
+    remove it from ``ast_transformers``, the capture parses the cell's source itself, as before."""
+
+    def __init__(self, tracker: StateTracker) -> None:
+        self.tracker = tracker
+
+    def visit(self, node: ast.AST) -> ast.AST:
+        if isinstance(node, ast.Module):
+            self.tracker.note_tree(node)
+        return node
+
+
 @dataclass
 class _Cell:
     """The directed cell being handled."""
 
     directive: CellDirective
     msg_id: str
-    pending: PendingDelta | None = None
+    delta: StateDelta | None = None  # what it changed, pickled after the reply (see _start_publication)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -186,6 +205,7 @@ class ReplicaKernel(IPythonKernel):
             defer_min_bytes=settings.buffer_threshold,  # what records send out of band, uploaded after settle
         )
         statelog.lineage = self.tracker.lineage  # records send the changed chunks of buffers replicas hold
+        self.shell.ast_transformers.append(_CellTree(self.tracker))
         self.applied = FIRST_SEQ - 1
         self._records: dict[int, LogRecord] = {}
         self._record_arrived = asyncio.Event()
@@ -574,7 +594,7 @@ class ReplicaKernel(IPythonKernel):
             if not answered:
                 self._reply_interrupted(stream, ident, parent, cell)
             if cell is not None and caught_up:
-                self._start_publication(cell.directive, msg_id, serialize_delta(None, 0))
+                self._start_publication(cell.directive, msg_id, None)
             elif cell is not None:
                 log.warning(
                     "cell %s (record %d), answered as interrupted, has no record: records before it did not arrive "
@@ -605,8 +625,7 @@ class ReplicaKernel(IPythonKernel):
             await super().execute_request(stream, ident, parent)
         finally:
             cell, self._cell = self._cell, None
-            pending = cell.pending if cell.pending is not None else serialize_delta(None, 0)
-            self._start_publication(cell.directive, msg_id, pending)
+            self._start_publication(cell.directive, msg_id, cell.delta)
 
     async def _ready_to_run(self, directive: CellDirective | None) -> bool:
         """Wait until a cell may run: the namespace may change and, for a directed cell, every earlier record is
@@ -614,20 +633,22 @@ class ReplicaKernel(IPythonKernel):
         await self._quiesce()
         return directive is None or await self._catch_up(directive.seq - 1)
 
-    def _start_publication(self, directive: CellDirective, msg_id: str, pending: PendingDelta) -> None:
-        """Upload and publish record ``directive.seq`` in the background.
+    def _start_publication(self, directive: CellDirective, msg_id: str, delta: StateDelta | None) -> None:
+        """Pickle, upload and publish record ``directive.seq`` (``delta``: what the cell changed; None: nothing)
+        in the background.
 
         The namespace already holds the cell's effects, so the record counts as applied here at once (the
-        publication transaction reports it to etcd); the next cell waits only for the upload.
+        publication transaction reports it to etcd); the next cell waits only for the pickling and the upload.
         """
         statelog, agent, tracker = self.statelog, self.agent, self.tracker
         io_loop = self.io_loop
         assert io_loop is not None
+        empty = delta is None or delta.is_empty()
         uploaded: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.applied = max(self.applied, directive.seq)
         self._last_fence = directive.fence
         self._own_seq = directive.seq
-        self._note_touched(directive.seq, [*pending.names, *pending.deleted, *pending.unserializable])
+        self._note_touched(directive.seq, delta.names if delta is not None else ())
 
         def settle() -> None:
             try:
@@ -636,36 +657,39 @@ class ReplicaKernel(IPythonKernel):
                 log.exception("finishing the state fingerprints failed")
                 tracker.reset()
 
-        async def publish() -> PublishOutcome:
+        async def publish(pending: PendingDelta, failure: str | None) -> PublishOutcome:
             started = time.perf_counter()
-            if pending.empty:
+            if empty:
                 # Nothing to upload: build the record here rather than hop to a worker thread for it.
                 if tracker.writes is not None:  # (not settle(): the next cell may run already, see below)
                     tracker.writes.release_unneeded()  # pages of buffers no longer tracked are unregistered
                 record = statelog.finish(pending, directive.seq, msg_id)
             else:
+                assert delta is not None
                 try:
-                    loop = asyncio.get_running_loop()
-                    # The checksums capture left for after the reply (new values), then the upload.
-                    await loop.run_in_executor(None, settle)
-                    record = await loop.run_in_executor(None, statelog.finish, pending, directive.seq, msg_id)
-                except Exception as exc:  # the object store is unreachable or full: close the seq at once
-                    reason = f"the object store refused them: {type(exc).__name__}: {exc}"
-                    log.error("record %d: %s; publishing it as lost", directive.seq, reason)
-                    changed = sorted({*pending.names, *pending.deleted})
-                    record = LogRecord(directive.seq, "lost", msg_id, self.settings.replica_id, unserializable=changed)
-                    io_loop.add_callback(self._changes_not_shared, directive.seq, changed, reason)
+                    if failure is None:
+                        loop = asyncio.get_running_loop()
+                        # The checksums capture left for after the reply (new values), then the upload.
+                        await loop.run_in_executor(None, settle)
+                        record = await loop.run_in_executor(None, statelog.finish, pending, directive.seq, msg_id)
+                except Exception as exc:  # the object store is unreachable or full
+                    failure = f"the object store refused them: {type(exc).__name__}: {exc}"
                 finally:
                     uploaded.set_result(None)
+                if failure is not None:  # close the seq at once
+                    log.error("record %d: %s; publishing it as lost", directive.seq, failure)
+                    changed = sorted({*delta.values, *delta.unpicklable, *delta.deleted})
+                    record = LogRecord(directive.seq, "lost", msg_id, self.settings.replica_id, unserializable=changed)
+                    io_loop.add_callback(self._changes_not_shared, directive.seq, changed, failure)
             uploaded_ms = (time.perf_counter() - started) * 1e3
-            outcome = await agent.publish(record, directive.fence, hold=pending.empty)
+            outcome = await agent.publish(record, directive.fence, hold=empty)
             if not outcome.written:
                 changed = sorted({*record.names, *record.deleted})
                 io_loop.add_callback(self._changes_refused, directive.seq, changed, outcome.reason)
             took_ms = (time.perf_counter() - started) * 1e3
             # One line per cell at INFO only when there is something to say: a log write per trivial cell
             # is a measurable share of its cost. (An empty record is held back on purpose: its wait is no news.)
-            slow = took_ms > 100 and not pending.empty
+            slow = took_ms > 100 and not empty
             level = logging.INFO if pending.views or not outcome.written or slow else logging.DEBUG
             log.log(
                 level,
@@ -680,7 +704,7 @@ class ReplicaKernel(IPythonKernel):
             )
             return outcome
 
-        if pending.empty:
+        if empty:
             uploaded.set_result(None)  # nothing that the next cell could change under the upload
         else:
             self._uploading = uploaded
@@ -692,19 +716,52 @@ class ReplicaKernel(IPythonKernel):
         outcome.add_done_callback(lambda f: loop.add_callback(self._on_published, f))
 
         def submit() -> None:
-            agent.thread.submit(publish()).add_done_callback(lambda f: _chain(f, outcome))
+            # Here, not before the reply: the loop's thread (or shutdown's), before anything may change the namespace.
+            pending, failure = self._pickle_delta(directive.seq, None if empty else delta)
+            agent.thread.submit(publish(pending, failure)).add_done_callback(lambda f: _chain(f, outcome))
 
         self._start_deferred()  # records go out in order
-        if pending.empty:
+        if empty:
             # Start it on the loop's next turn, after ipykernel has published this cell's "idle" status: the
             # client waits for that message, and the publication's etcd round trip need not run ahead of it.
             loop.add_callback(submit)
             return
-        # An upload starts PUBLICATION_DELAY after the reply, or when the next request comes (_quiesce), whichever
-        # is first; the next cell waits for the upload in _quiesce, as before.
+        # Pickling and upload start PUBLICATION_DELAY after the reply, or when the next request comes (_quiesce),
+        # whichever is first; the next cell waits for the upload in _quiesce, as before. Until then the client
+        # has the cell's reply and "idle": pickling before them cost the cell a millisecond or so.
         timer = loop.call_later(PUBLICATION_DELAY, self._start_deferred)
         with self._deferred_lock:
             self._deferred = (timer, submit)
+
+    def _pickle_delta(self, seq: int, delta: StateDelta | None) -> tuple[PendingDelta, str | None]:
+        """Pickle record ``seq``'s ``delta`` with its large buffers out of band (as views of the user's objects).
+        Returns it, and why it could not be pickled (None when it could).
+
+        The capture before the reply fingerprinted each value alone, which names what cannot be pickled in time to
+        warn in the cell's output; a value that pickled then but not now (with the others, or changed by a
+        thread since) is named in the record as not replicated, and the next cell says so."""
+        if delta is None:
+            return serialize_delta(None, 0), None
+        started = time.perf_counter()
+        try:
+            pending = serialize_delta(delta, self.settings.buffer_threshold)
+        except Exception as exc:
+            log.exception("pickling the state delta of record %d failed", seq)
+            self.tracker.reset()  # its fingerprints count the changes as sent: the next cell looks at everything
+            return serialize_delta(None, 0), f"they could not be pickled: {type(exc).__name__}: {exc}"
+        late = {name: why for name, why in pending.record.unserializable.items() if name not in delta.unpicklable}
+        if late:
+            reason = "; ".join(f"{name}: {why}" for name, why in sorted(late.items()))
+            self.lost_changes.add(seq, sorted(late), f"they could not be serialized: {reason}", kept=True)
+        took_ms = (time.perf_counter() - started) * 1e3
+        log.log(
+            logging.INFO if pending.views or took_ms > 50 else logging.DEBUG,
+            "record %d: delta of %d names pickled in %.1f ms, after the reply",
+            seq,
+            len(pending.names),
+            took_ms,
+        )
+        return pending, None
 
     def _start_deferred(self) -> None:
         """Start the publication waiting for its delay now (its timer fired, or something must not wait)."""
@@ -926,7 +983,7 @@ class ReplicaKernel(IPythonKernel):
         except ValueError:
             return
         if directive is not None:
-            self._start_publication(directive, msg["header"]["msg_id"], serialize_delta(None, 0))
+            self._start_publication(directive, msg["header"]["msg_id"], None)
 
     async def do_execute(
         self,
@@ -977,16 +1034,16 @@ class ReplicaKernel(IPythonKernel):
                 captured = time.perf_counter()
                 messages = self.gpus.release(ns).warnings
                 try:
-                    delta = self.tracker.after_cell()
-                    cell.pending = serialize_delta(delta, self.settings.buffer_threshold)
-                    if cell.pending.warning:
-                        messages.append(cell.pending.warning)
+                    cell.delta = delta = self.tracker.after_cell()
+                    warning = unserializable_warning(delta.unpicklable)
+                    if warning:
+                        messages.append(warning)
                     took_ms = (time.perf_counter() - captured) * 1e3
                     log.log(
-                        logging.INFO if cell.pending.views or took_ms > 50 else logging.DEBUG,
-                        "cell %d: delta of %d names captured and pickled in %.1f ms before the reply",
+                        logging.INFO if took_ms > 50 else logging.DEBUG,
+                        "cell %d: delta of %d names captured in %.1f ms before the reply",
                         cell.directive.seq,
-                        len(cell.pending.names),
+                        len(delta.names),
                         took_ms,
                     )
                 except Exception as exc:
@@ -1027,12 +1084,13 @@ class ReplicaKernel(IPythonKernel):
         }
         if self.gpus.resident:
             info["resident"] = self.gpus.resident  # sticky: the state stays on these devices until evicted
-        if cell is not None and cell.pending is not None and cell.pending.unserializable:
-            info["unserializable"] = cell.pending.unserializable
-        if cell is not None and cell.pending is not None and (cell.pending.names or cell.pending.deleted):
+        delta = cell.delta if cell is not None else None
+        if delta is not None and delta.unpicklable:
+            info["unserializable"] = sorted(delta.unpicklable)
+        if delta is not None and not delta.is_empty():
             # The router keeps these until the record is published: if this replica dies first, the record it
             # closes as lost names them, and the next cell's output tells the user.
-            info["changed"] = sorted({*cell.pending.names, *cell.pending.deleted})
+            info["changed"] = sorted(delta.names)
         return info
 
     # -- GPU eviction ----------------------------------------------------------------------------------

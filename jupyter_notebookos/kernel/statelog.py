@@ -1,11 +1,12 @@
 """The replica's side of the state log: a cell's delta as a :class:`LogRecord`, and back.
 
-Publishing is split in two around the ``execute_reply`` (DESIGN.md section 2, steps 5 and 6):
+Publishing goes in two steps once the cell has replied (DESIGN.md section 2, steps 5 and 6):
 
-1. :func:`serialize_delta`, before the reply, pickles the delta with its large buffers out of band. The
-   buffers are *views of the live objects* (no copy, no hashing), so this costs one pickling of the small
-   values; it is also where we learn which names cannot be serialized, in time to warn in the cell's output.
-2. :meth:`StateLog.finish`, after the reply, uploads those buffers (content-addressed; a write-tracked buffer
+1. :func:`serialize_delta` pickles the delta with its large buffers out of band. The buffers are *views of the
+   live objects* (no copy, no hashing), so this costs one pickling of the small values. It runs once the client
+   has the reply (ReplicaKernel._start_publication): the capture before the reply fingerprinted each value, which
+   is where we learn which names cannot be serialized, in time to warn in the cell's output.
+2. :meth:`StateLog.finish` then uploads those buffers (content-addressed; a write-tracked buffer
    the other replicas already hold goes as the chunks written since the previous record, see
    replication/chunks.py) and, when the serialized delta is too large for etcd, the delta itself, and returns
    the :class:`LogRecord` to publish.
@@ -47,7 +48,7 @@ MAX_CHECKPOINT_PARTS = 256
 
 
 class _DeferredStore:
-    """Takes the place of the object store while a delta is pickled before the reply.
+    """Takes the place of the object store while a delta is pickled (before its upload).
 
     It keeps each out-of-band buffer as a view of the user's object and hands out placeholder pointers;
     :meth:`StateLog.finish` uploads the views and puts the real pointers into the record.
@@ -76,11 +77,6 @@ class PendingDelta:
     def unserializable(self) -> list[str]:
         """Names whose value could not be serialized (they will not survive a failover or migration)."""
         return sorted(self.record.unserializable)
-
-    @property
-    def warning(self) -> str | None:
-        """The one warning to show in the cell's output, or None."""
-        return self.record.warning()
 
     @property
     def empty(self) -> bool:

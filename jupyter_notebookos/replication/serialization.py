@@ -537,6 +537,19 @@ def unpicklable_reason(value: Any, namespace: Mapping[str, Any]) -> str | None:
 # -- records ---------------------------------------------------------------------------------------------
 
 
+def unserializable_warning(reasons: Mapping[str, str]) -> str | None:
+    """The one user-facing warning about the names in ``reasons`` (name -> why it could not be serialized), or
+    None when there are none."""
+    if not reasons:
+        return None
+    names = sorted(reasons)
+    detail = "; ".join(f"{n}: {reasons[n]}" for n in names)
+    return (
+        f"NotebookOS: {len(names)} variable(s) could not be serialized and will not survive a failover "
+        f"or migration of this kernel: {', '.join(names)}. The cell itself succeeded. ({detail})"
+    )
+
+
 @dataclass(frozen=True)
 class StateRecord:
     """One entry of the state log (``kind="delta"``) or a checkpoint (``kind="checkpoint"``).
@@ -588,15 +601,7 @@ class StateRecord:
 
     def warning(self) -> str | None:
         """The one user-facing warning about unserializable names, or None when every value replicated."""
-        if not self.unserializable:
-            return None
-        names = sorted(self.unserializable)
-        detail = "; ".join(f"{n}: {self.unserializable[n]}" for n in names)
-        listed = ", ".join(names)
-        return (
-            f"NotebookOS: {len(names)} variable(s) could not be serialized and will not survive a failover "
-            f"or migration of this kernel: {listed}. The cell itself succeeded. ({detail})"
-        )
+        return unserializable_warning(self.unserializable)
 
     def to_bytes(self) -> bytes:
         """The record as compact bytes (what goes into the state log / a checkpoint object)."""

@@ -147,6 +147,34 @@ def test_directed_cell_publishes_exactly_one_fenced_record(replicas: ReplicaFact
     assert "lost" not in r0.execute("pass", CellDirective(seq=4, fence=fence)).stderr  # told once
 
 
+def test_the_capture_reads_the_tree_ipython_compiled_and_parses_the_cell_itself_once_that_hook_is_gone(
+    replicas: ReplicaFactory,
+) -> None:
+    """The state tracker learns what a cell binds and reaches from the syntax tree IPython compiled it from (an
+    AST transformer of the shell), not by transforming and parsing its source again; if user code removes that
+    hook, it parses the source itself and the records stay right."""
+    r0 = replicas.start("r0")
+    r1 = replicas.start("r1")
+    fence = replicas.elect("r0")
+    count = (  # (the tracker itself under no user name: it would be part of the state)
+        "get_ipython().kernel.tracker.parsed = []\n"
+        "get_ipython().kernel.tracker.transform = (\n"
+        "    lambda code, t=get_ipython().kernel.tracker, parse=get_ipython().kernel.tracker.transform:\n"
+        "    t.parsed.append(code) or parse(code)\n"
+        ")"
+    )
+    assert r0.execute(count, CellDirective(1, fence)).status == "ok"
+    assert r0.execute("a = 1\n%time b = a + 1", CellDirective(2, fence)).status == "ok"
+    assert replicas.wait_record(2).names == ["a", "b"]
+    hook_off = "get_ipython().ast_transformers.clear()\nc = len(get_ipython().kernel.tracker.parsed)"
+    assert r0.execute(hook_off, CellDirective(3, fence)).status == "ok"
+    assert r0.execute("d = c + 10", CellDirective(4, fence)).status == "ok"
+    assert replicas.wait_record(4).names == ["d"]
+    replicas.wait_applied("r1", 4)
+    assert r1.execute("print(a, b, c, d)").stdout == "1 2 0 10\n"
+    assert r0.execute("print(len(get_ipython().kernel.tracker.parsed))").stdout == "1\n"  # cell 4's
+
+
 def test_records_of_cells_that_bind_nothing_go_out_together(replicas: ReplicaFactory) -> None:
     # An empty record waits 2 s here, not the default 0.1 s: on a loaded machine cells 2-5 took longer than
     # 0.1 s (a CI run found cell 2's record gone out on its own).
@@ -523,6 +551,41 @@ def test_unpicklable_variable_warns_once_and_cell_succeeds(replicas: ReplicaFact
     replicas.wait_applied("r1", 1)
     out = r1.execute("print(kept)\ntry:\n    lock.acquire()\nexcept Exception as e:\n    print(type(e).__name__, e)")
     assert out.stdout.startswith("[1, 2]\nUnreplicatedValueError variable 'lock' was not replicated")
+
+
+def test_a_value_that_fingerprinted_but_then_did_not_pickle_is_named_by_the_record_and_the_next_cell(
+    replicas: ReplicaFactory,
+) -> None:
+    """The record's pickling runs after the reply; the capture before it pickled each value alone, which is what
+    the cell's warning and its reply's metadata come from. A value that pickled then but not for the record (here:
+    only its first pickling works) is named in the record as not replicated, the executor keeps it, and the
+    executor's next cell says so."""
+    r0 = replicas.start("r0")
+    r1 = replicas.start("r1")
+    fence = replicas.elect("r0")
+    code = (
+        "picklings = []\n"
+        "class Flaky:\n"
+        "    def __reduce__(self):\n"
+        "        picklings.append(1)\n"
+        "        if len(picklings) > 1:\n"
+        "            raise RuntimeError('pickled once only')\n"
+        "        return (Flaky, ())\n"
+        "flaky = Flaky()\n"
+        "kept = [1, 2]"
+    )
+    cell = r0.execute(code, CellDirective(1, fence))
+    assert cell.status == "ok" and "NotebookOS" not in cell.stderr, cell.stderr
+    assert "unserializable" not in cell.meta and "flaky" in cell.meta["changed"]
+    assert replicas.wait_record(1).unserializable == ["flaky"]
+    replicas.wait_applied("r1", 1)
+    after = r0.execute("print(kept)", CellDirective(2, fence))
+    assert after.stdout == "[1, 2]\n"
+    assert "could not be shared with the other replicas (they could not be serialized: flaky:" in after.stderr
+    assert "pickled once only" in after.stderr and "This replica keeps them" in after.stderr
+    replicas.wait_applied("r1", 2)
+    out = r1.execute("print(kept)\ntry:\n    flaky.attribute\nexcept Exception as e:\n    print(type(e).__name__)")
+    assert out.stdout == "[1, 2]\nUnreplicatedValueError\n", out.stdout
 
 
 def test_a_change_no_cell_reaches_is_found_while_the_kernel_idles_and_goes_out_with_the_next_cell(
