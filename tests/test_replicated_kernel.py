@@ -106,6 +106,40 @@ def test_two_clients_see_the_output_of_each_others_cells(kernel: tuple[GatewayCl
         assert len(streams) == 1 and streams[0]["content"]["text"] == "shared\n"
 
 
+def test_a_clients_shell_messages_reach_the_router_in_process_and_in_order(kernel: tuple[GatewayClient, str]) -> None:
+    """The gateway's websocket hands shell messages to the kernel's router directly, not over ZMQ, once the
+    connection's messages sent over ZMQ have arrived; a burst sent at once on a fresh connection still runs in
+    the order sent, each replied to once. (It connects while another client's cell runs: the gateway does not
+    nudge a busy kernel, so the connection's first messages go over ZMQ and the rest directly.)"""
+    client, kernel_id = kernel
+    before = client.notebookos_kernel(kernel_id)["client_shell_messages"]
+    with client.connect(kernel_id) as busy:
+        assert busy.execute("import time").status == "ok"
+        busy.send("shell", "execute_request", {"code": "time.sleep(1.5)"})
+        time.sleep(0.5)
+        with client.connect(kernel_id) as conn:
+            sent = [
+                conn.send("shell", "execute_request", {"code": f"order.append({i})" if i else "order = []"})
+                for i in range(40)
+            ]
+            sent.append(conn.send("shell", "kernel_info_request", {}))
+            replies: dict[str, str] = {}
+            deadline = time.monotonic() + 60
+            while len(replies) < len(sent) and time.monotonic() < deadline:
+                msg = conn.receive(deadline - time.monotonic())
+                if msg["channel"] == "shell":
+                    parent = msg["parent_header"]["msg_id"]
+                    assert parent not in replies, f"two replies to {msg['msg_type']} {parent}"
+                    replies[parent] = msg["content"]["status"]
+            assert [replies.get(m) for m in sent] == ["ok"] * len(sent)
+            assert conn.execute("print(order == list(range(1, 40)))").stdout == "True\n"
+            during = client.notebookos_kernel(kernel_id)["client_shell_messages"]
+            assert conn.execute("pass").status == "ok"  # nothing on its way now: this one goes directly
+    after = client.notebookos_kernel(kernel_id)["client_shell_messages"]
+    assert during["zmq"] + during["direct"] - before["zmq"] - before["direct"] >= 42
+    assert (after["zmq"], after["direct"]) == (during["zmq"], during["direct"] + 1), (during, after)
+
+
 @pytest.mark.parametrize("name", ["python3", "python3-notebookos"])
 def test_run_all_stops_at_the_first_error_as_with_a_plain_kernel(shared_up: Platform, name: str) -> None:
     """JupyterLab's "Run All" sends every cell at once. ipykernel aborts the requests queued behind a failed one; a

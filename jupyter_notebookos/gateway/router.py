@@ -112,6 +112,8 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         self.waiting: PendingCell | None = None  # the cell at the head, waiting for GPUs (or a migration)
         self.committing: PendingCell | None = None  # the cell whose decision is being committed in etcd
         self.cells_run = 0
+        self._zmq_shell_last = OrderedDict()
+        self.client_messages = {"zmq": 0, "direct": 0}
         self.gpu_seconds = 0.0
         self.started_at = time.time()
         self.changed = asyncio.Event()
@@ -511,6 +513,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             "queued": self._queue.qsize(),
             "running": self.running.request.msg_id if self.running else None,
             "gpu_seconds_used": round(self.gpu_seconds, 3),
+            "client_shell_messages": dict(self.client_messages),
         }
 
 

@@ -74,6 +74,10 @@ class RouterState:
     exit_code: int | None
 
     _queue: asyncio.Queue[PendingCell]
+    # Per client shell stream (ZMQ identity): the msg_id of the last message handled that came over ZMQ (see
+    # RouterRelay.takes_shell_directly); and how many shell messages came each way.
+    _zmq_shell_last: OrderedDict[bytes, str]
+    client_messages: dict[str, int]
     adopted_cells: list[PendingCell]
     _changed: dict[int, list[str]]
     # Cells that replied but whose state record is not published yet: seq -> (msg_id, its cell record -> revision).

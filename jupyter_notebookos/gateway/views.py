@@ -92,6 +92,8 @@ class PlatformViews(PlatformState):
             "queued": summary["queued"],
             "running": summary["running"],
             "gpu_seconds_used": summary["gpu_seconds_used"],
+            # How clients' shell messages reached the router: in-process from this gateway's websocket, or over ZMQ.
+            "client_shell_messages": summary["client_shell_messages"],
             "gpu_seconds_held_if_reserved": round(held, 3),
         }
 

@@ -1,6 +1,6 @@
 """The gateway's kernel channels websocket: Enterprise Gateway's handler, made fast and reconnect-safe.
 
-Three faults of the stock handler (EG 3.3 on jupyter_server 1.24) are fixed here.
+Three faults of the stock handler (EG 3.3 on jupyter_server 1.24) are fixed here, and one hop is saved.
 
 **No TCP_NODELAY.** Kernel messages are small websocket frames; without TCP_NODELAY the kernel's reply waits
 behind Nagle's algorithm and the client's delayed ACK. A trivial cell takes about 48 ms instead of about
@@ -59,6 +59,15 @@ logs it and aborts the websocket, and with it whatever output was on its way to 
 is logged and ignored, and the connection goes on. (A message over the websocket's size limit still ends the
 connection: tornado closes it with code 1009 before any handler sees it.)
 
+**A cell's request took a needless hop.** The stock handler sends every client message to the kernel's ZMQ sockets.
+For a NotebookOS kernel those are its router's, in this very process, so each shell message went through two
+event loop turns and both ends' ZMQ I/O threads: 0.6 ms of every cell's critical path, measured, for one
+function call's worth of work. Here a shell message is handed to the router directly (``_forward``), once
+the router has handled the last message this connection sent over ZMQ (so no message overtakes an earlier one
+still on its way) and at least one came over it (so the router's ROUTER socket knows where the reply goes:
+replies, and every other channel, still go over ZMQ). Measured: 0.24 ms instead of 0.61 ms from the websocket
+to the router (medians of 13 cells).
+
 `handler_overrides()` lists the URL patterns this module serves, for the gateway app to install in place of
 EG's own handler (see `install_overrides`).
 """
@@ -66,13 +75,20 @@ EG's own handler (see `install_overrides`).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+from collections.abc import Awaitable
 from typing import Any, ClassVar
 
+import zmq
 from enterprise_gateway.services.kernels.handlers import ZMQChannelsHandler
+from jupyter_server.base.zmqhandlers import deserialize_binary_message, deserialize_msg_from_ws_v1
 from jupyter_server.services.kernels.handlers import ZMQChannelsHandler as ServerChannelsHandler
 from jupyter_server.services.kernels.handlers import _kernel_id_regex
 from jupyter_server.utils import url_path_join
+
+WS_V1 = "v1.kernel.websocket.jupyter.org"
+
 
 CHANNELS = ("iopub", "shell", "control", "stdin")
 
@@ -169,7 +185,9 @@ class KernelChannelsHandler(ZMQChannelsHandler):
                 if other is not self:
                     other.close()  # abandoned: it waits for a close frame its peer never sends (tornado: 5 s)
         try:
-            super().on_message(ws_msg)
+            direct = self._forward(ws_msg)
+            if direct is not None:
+                await direct
         except Exception as exc:  # what the client sent does not parse as a kernel message
             self.log.warning(
                 "Ignored a malformed message from a client of kernel %s (%s: %s)",
@@ -178,6 +196,64 @@ class KernelChannelsHandler(ZMQChannelsHandler):
                 exc,
                 exc_info=self.log.isEnabledFor(logging.DEBUG),
             )
+
+    def _forward(self, ws_msg: Any) -> Awaitable[None] | None:
+        """Send a client's message to the kernel as the stock handler does, except that a shell message goes
+        straight to the kernel's router when it runs in this process and nothing this connection sent over ZMQ
+        is still on its way (RouterRelay.takes_shell_directly): the result, then, is the router's handling of it,
+        to await. That saves a hop on every cell's critical path; the reply comes back over ZMQ as before."""
+        if not self.channels:
+            self.log.debug("Received message on closed websocket %r", ws_msg)
+            return None
+        parts: list[bytes] | None = None
+        msg: dict[str, Any] | None = None
+        if self.subprotocol == WS_V1:
+            channel, parts = deserialize_msg_from_ws_v1(ws_msg)
+        else:
+            msg = deserialize_binary_message(ws_msg) if isinstance(ws_msg, bytes) else json.loads(ws_msg)
+            channel = msg.pop("channel", None)
+        if channel is None:
+            self.log.warning("No channel specified, assuming shell: %s", msg)
+            channel = "shell"
+        if channel not in self.channels:
+            self.log.warning("No such channel: %r", channel)
+            return None
+        header = msg["header"] if msg is not None else None
+        allowed = self.kernel_manager.allowed_message_types
+        if allowed or channel == "shell":
+            if header is None:
+                assert parts is not None
+                header = self.session.unpack(parts[0])
+            if allowed and header["msg_type"] not in allowed:
+                self.log.warning('Received message of type "%s", which is not allowed. Ignoring.', header["msg_type"])
+                return None
+        stream = self.channels[channel]
+
+        def send(sink: Any, ident: bytes | None = None) -> None:
+            if parts is not None:
+                self.session.send_raw(sink, parts, ident=ident)
+            else:
+                self.session.send(sink, msg, ident=ident)
+
+        if channel == "shell":
+            assert header is not None
+            router = self._router()
+            identity = stream.socket.getsockopt(zmq.IDENTITY)
+            if router is not None and router.takes_shell_directly(identity, getattr(stream, "notebookos_sent", None)):
+                handover = _Frames()
+                send(handover, identity)
+                return router.from_client_shell(handover.frames)
+            stream.notebookos_sent = header["msg_id"]
+        send(stream)
+        return None
+
+    def _router(self) -> Any:
+        """This kernel's router, when it runs in this process (a NotebookOS kernel), else None."""
+        try:
+            kernel = self.kernel_manager.get_kernel(self.kernel_id)
+        except KeyError:
+            return None
+        return getattr(getattr(kernel, "process_proxy", None), "router", None)
 
     def _claim(self) -> None:
         holder = self._open_sessions.get(self.session_key)
@@ -232,6 +308,17 @@ class KernelChannelsHandler(ZMQChannelsHandler):
         self.channels = {}
         if not self._close_future.done():
             self._close_future.set_result(None)
+
+
+class _Frames:
+    """Takes the place of a ZMQ stream for ``Session.send``: keeps the frames it was given (led by the sender's
+    identity, as the router's ROUTER socket would have received them)."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def send_multipart(self, frames: list[Any], flags: int = 0, copy: bool = True, track: bool = False) -> None:
+        self.frames = [bytes(frame) for frame in frames]
 
 
 def handler_overrides() -> list[tuple[str, type]]:
