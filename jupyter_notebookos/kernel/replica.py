@@ -152,6 +152,27 @@ def _chain(source: concurrent.futures.Future[Any], target: concurrent.futures.Fu
         target.set_result(source.result())
 
 
+def _flush_only_when_written(stream: Any) -> None:
+    """Make ``stream`` (ipykernel's OutStream) skip a flush when nothing was written to it since the last one.
+
+    ipykernel flushes stdout and stderr twice per cell, before the reply and before "idle", and each flush waits
+    for a round trip to its I/O thread even when there is nothing to send: about 0.3 ms each on an idle machine,
+    so a cell that prints nothing waited some 1.3 ms for four empty flushes. Skipping an empty one changes no
+    message and no order: the stream's buffer is all a flush sends, and iopub messages (idle included) keep their
+    order through the one I/O thread that sends them all. Left as it is where ipykernel's OutStream differs."""
+    lock, buffers, flush = (getattr(stream, name, None) for name in ("_buffer_lock", "_buffers", "flush"))
+    if lock is None or not isinstance(buffers, dict) or flush is None:
+        return
+
+    def flush_if_written() -> None:
+        with stream._buffer_lock:
+            written = any(buffer.tell() for buffer in stream._buffers.values())
+        if written or stream._subprocess_flush_pending:
+            flush()
+
+    stream.flush = flush_if_written
+
+
 class _CellTree(ast.NodeTransformer):
     """Hands the state tracker the syntax tree IPython compiles each cell from, unchanged (IPython calls every
     AST transformer of the shell with it), so that the capture need not parse the cell again. Should user code
@@ -210,6 +231,8 @@ class ReplicaKernel(IPythonKernel):
         # tends to reach clients ahead of the reply). Clients wait for the kernel's "idle", which follows every
         # output of the cell on iopub, so none needs it; here it would only add 0.5 ms to every cell.
         self._execute_sleep = 0.0
+        for stream in (sys.stdout, sys.stderr):
+            _flush_only_when_written(stream)
         self.applied = FIRST_SEQ - 1
         self._records: dict[int, LogRecord] = {}
         self._record_arrived = asyncio.Event()
