@@ -147,6 +147,25 @@ def test_directed_cell_publishes_exactly_one_fenced_record(replicas: ReplicaFact
     assert "lost" not in r0.execute("pass", CellDirective(seq=4, fence=fence)).stderr  # told once
 
 
+def test_a_flush_with_nothing_written_skips_the_round_trip_to_the_io_thread(replicas: ReplicaFactory) -> None:
+    """ipykernel flushes stdout and stderr before every reply and every "idle"; on a replica a flush with nothing
+    written does not wait for ipykernel's I/O thread, and one with something written sends it as before."""
+    r0 = replicas.start("r0")
+    code = (
+        "import sys\n"
+        "thread = sys.stdout.pub_thread\n"
+        "scheduled = []\n"
+        "schedule = thread.schedule\n"
+        "thread.schedule = lambda f: scheduled.append(f) or schedule(f)\n"
+        "sys.stderr.flush(); sys.stdout.flush()\n"
+        "empty = len(scheduled)\n"
+        "sys.stdout.write('written'); sys.stdout.flush()\n"
+        "thread.schedule = schedule\n"
+        "print('', empty, len(scheduled) > empty)"
+    )
+    assert r0.execute(code).stdout == "written 0 True\n"
+
+
 def test_the_capture_reads_the_tree_ipython_compiled_and_parses_the_cell_itself_once_that_hook_is_gone(
     replicas: ReplicaFactory,
 ) -> None:
