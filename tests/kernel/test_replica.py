@@ -607,6 +607,37 @@ def test_a_value_that_fingerprinted_but_then_did_not_pickle_is_named_by_the_reco
     assert out.stdout == "[1, 2]\nUnreplicatedValueError\n", out.stdout
 
 
+def test_an_interrupt_while_the_record_is_pickled_after_the_reply_loses_nothing(replicas: ReplicaFactory) -> None:
+    """The record is pickled after the reply, on the kernel's loop between requests; a SIGINT then (the user pressed
+    stop just as the cell finished) has nothing to interrupt. It must neither end the pickling half-way, leaving
+    the next cell to wait for an upload that never starts, nor lose the record. (ipykernel ignores SIGINT between
+    requests; the next request's own wait for the pickling runs with it noted, not raised. Here the record's
+    pickling takes 1.5 s: the capture's pickling of the value, before the reply, is quick.)"""
+    r0 = replicas.start("r0")
+    r1 = replicas.start("r1")
+    fence = replicas.elect("r0")
+    code = (
+        "import time\n"
+        "picklings = []\n"
+        "class Slow:\n"
+        "    def __reduce__(self):\n"
+        "        picklings.append(1)\n"
+        "        if len(picklings) == 2:\n"
+        "            time.sleep(1.5)\n"
+        "        return (Slow, ())\n"
+        "slow = Slow()\n"
+        "kept = 'here'"
+    )
+    assert r0.execute(code, CellDirective(1, fence)).status == "ok"
+    time.sleep(0.5)  # the publication's delay is over: the record is being pickled
+    os.kill(r0.proc.pid, signal.SIGINT)
+    after = r0.execute("print(kept, len(picklings))", CellDirective(2, fence), timeout=15)
+    assert after.status == "ok" and after.stdout == "here 2\n", (after.reply["content"], after.stderr)
+    assert replicas.wait_record(1).names == ["Slow", "kept", "picklings", "slow", "time"]
+    replicas.wait_applied("r1", 2)
+    assert r1.execute("print(kept, type(slow).__name__)").stdout == "here Slow\n"
+
+
 def test_a_change_no_cell_reaches_is_found_while_the_kernel_idles_and_goes_out_with_the_next_cell(
     replicas: ReplicaFactory,
 ) -> None:
