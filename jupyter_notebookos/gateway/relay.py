@@ -242,9 +242,9 @@ class RouterRelay(RouterState):
     def takes_shell_directly(self, identity: bytes, last_sent: str | None) -> bool:
         """Whether the websocket handler (of this process) whose shell stream has ZMQ identity ``identity`` may hand
         its next shell message to :meth:`from_client_shell` rather than send it over ZMQ: once this router has
-        handled the last message it sent that way (msg_id ``last_sent``), so that none overtakes one still on its
-        way, and once a message came over the stream's connection, so that the ROUTER socket knows where the
-        reply goes."""
+        handled the last message it sent that way (msg_id ``last_sent``; None: it sent none), so that none
+        overtakes one still on its way. (The handler also waits until a reply came back over that stream, so that
+        this router's ROUTER socket knows where the reply goes.)"""
         handled = self._zmq_shell_last.get(identity)
         return handled is not None and (last_sent is None or handled == last_sent)
 
