@@ -395,8 +395,9 @@ class ReplicaKernel(IPythonKernel):
         self._start_deferred()
         future = self._uploading
         if future is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wrap_future(future)
+            if not future.done():  # (awaiting a done one still costs a turn of the loop)
+                with contextlib.suppress(Exception):
+                    await asyncio.wrap_future(future)
             if self._uploading is future:
                 self._uploading = None
         if self._needs_resync:
