@@ -234,6 +234,34 @@ def _all_applied(client: GatewayClient, kernel_id: str, seq: int) -> dict | None
     return info if all(r["applied_seq"] >= seq for r in info["replicas"]) else None
 
 
+def test_an_executor_that_dies_between_its_reply_and_its_idle_leaves_no_client_waiting(
+    kernel: tuple[GatewayClient, str],
+) -> None:
+    """Clients wait for a cell's reply and its "idle". An executor that dies after sending the reply but before the
+    idle (found by the chaos harness: a client waited forever) has the router say "idle" for it once it is known
+    lost. (Here the cell stops its replica from publishing that idle, and exits 0.3 s later.)"""
+    client, kernel_id = kernel
+    with client.connect(kernel_id) as conn:
+        assert conn.execute("x = 1").status == "ok"
+        dies = (
+            "import os, threading\n"
+            "def no_idle(status, *args, publish=get_ipython().kernel._publish_status, **kwargs):\n"
+            "    if status != 'idle':\n"
+            "        return publish(status, *args, **kwargs)\n"
+            "    threading.Timer(0.3, os._exit, [1]).start()\n"
+            "get_ipython().kernel._publish_status = no_idle\n"
+            "print('replied')"
+        )
+        began = time.monotonic()
+        result = conn.execute(dies, timeout=60)
+        assert result.status == "ok" and result.stdout == "replied\n", result.reply["content"]
+        assert time.monotonic() - began < 30
+        # The next cell runs on another replica, with the state intact.
+        after = conn.execute("print(x)", timeout=60)
+        assert after.status == "ok" and after.stdout == "1\n", after.reply["content"]
+        assert after.notebookos["replica"] != result.notebookos["replica"]
+
+
 def test_killing_the_executor_mid_cell_errors_that_cell_only(kernel: tuple[GatewayClient, str], tmp_path: Path) -> None:
     client, kernel_id = kernel
     marker = tmp_path / "runs.txt"

@@ -446,6 +446,14 @@ class RouterRelay(RouterState):
         if parent:
             if self._routes.get(parent) != link.replica_id:
                 return
+            owed = self._idle_owed.get(link.replica_id)
+            if (
+                owed is not None
+                and owed.msg_id == parent
+                and msg.msg_type == "status"
+                and msg.content().get("execution_state") == "idle"
+            ):
+                del self._idle_owed[link.replica_id]
             cell = self.running
             if cell is not None and parent == cell.request.msg_id:
                 cell.began_executing = True

@@ -126,6 +126,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         self._changed: dict[int, list[str]] = {}  # log seq -> names its cell's reply said it changed
         self.unpublished: dict[int, tuple[str, dict[str, int]]] = {}
         self._closing: set[str] = set()  # replicas whose unpublished seqs are being closed as lost
+        self._idle_owed = {}
 
         self._routes: OrderedDict[str, str] = OrderedDict()  # request msg_id -> replica id
         self._evictions = {}
@@ -329,6 +330,13 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             link, why = held
             link.close()
             self._fail_held_cell(link.registration, why)
+        owed = self._idle_owed.pop(rid, None)
+        iopub = self._sockets.get("iopub")
+        if owed is not None and iopub is not None and self._cell_running_on(rid) is None and not self.shutting_down:
+            # It replied to its last cell but died before that cell's "idle", which clients wait for as well (a cell
+            # it still ran is answered by _fail_running_cell, idle included, or sent again).
+            log.warning("kernel %s: replica %s died before its last cell's idle; sending it", self.kernel_id, rid)
+            self._spawn(self._send_all(iopub, [self._status(owed, "idle").frames()]))
         if self.last_executor == rid and self.published_seq < self.log_head and rid not in self._closing:
             # (published_seq is refreshed from etcd there: the router does not watch the log.)
             self._closing.add(rid)
@@ -482,6 +490,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         metadata[METADATA_KEY] = directive.to_dict()
         forwarded = self.signer.with_metadata(cell.request, metadata)
         self._remember_route(msg_id, grant.replica_id)
+        self._idle_owed[grant.replica_id] = cell.request
         await link.shell.send_multipart(forwarded.frames())
         try:
             await cell.done

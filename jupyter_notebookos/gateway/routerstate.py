@@ -24,7 +24,7 @@ from jupyter_notebookos.coordination.keys import KeyLayout
 from jupyter_notebookos.gateway.cells import CellPlanner, PendingCell, RouterSettings
 from jupyter_notebookos.gateway.ledger import LedgerReleases
 from jupyter_notebookos.gateway.replicas import KernelReplicas
-from jupyter_notebookos.gateway.wire import Signer
+from jupyter_notebookos.gateway.wire import Signer, WireMessage
 from jupyter_notebookos.replication.protocol import ReplicaRegistration
 
 if TYPE_CHECKING:
@@ -84,6 +84,8 @@ class RouterState:
     # The cell record stays in etcd until then (see CellCommits._release_entries).
     unpublished: dict[int, tuple[str, dict[str, int]]]
     _closing: set[str]
+    # Per replica: the request of the cell it was sent whose "idle" has not come back yet (see replica_lost).
+    _idle_owed: dict[str, WireMessage]
     _routes: OrderedDict[str, str]
     _evictions: dict[str, asyncio.Future[dict[str, Any]]]  # evict request msg_id -> the replica's answer
     _stdin_owner: str | None

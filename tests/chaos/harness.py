@@ -219,8 +219,8 @@ class ChaosRun:
                 sleep = rng.choice((0.0, 0.0, 0.2, 1.0))
                 try:
                     result = conn.execute(f"time.sleep({sleep})\nlog.append({k})\nlen(log)", timeout=120)
-                except TimeoutError:
-                    self.report.anomalies.append(f"kernel {kernel_id} cell {k}: no reply within 120 s")
+                except TimeoutError as exc:  # (it says whether the reply or the idle, or both, did not come)
+                    self.report.anomalies.append(f"kernel {kernel_id} cell {k}: {exc}")
                     return
                 except CONNECTION_LOST:
                     # The gateway died under this cell: applied or not, nobody was told. Reconnect, as Lab does.
