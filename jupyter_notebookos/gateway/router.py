@@ -271,6 +271,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             self._held[rid] = (link, why)
         elif link is not None:
             link.close()
+            self._say_owed_idle(rid)
         if registration is None:
             return
         if self.executor == rid:
@@ -330,18 +331,23 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             link, why = held
             link.close()
             self._fail_held_cell(link.registration, why)
-        owed = self._idle_owed.pop(rid, None)
-        iopub = self._sockets.get("iopub")
-        if owed is not None and iopub is not None and self._cell_running_on(rid) is None and not self.shutting_down:
-            # It replied to its last cell but died before that cell's "idle", which clients wait for as well (a cell
-            # it still ran is answered by _fail_running_cell, idle included, or sent again).
-            log.warning("kernel %s: replica %s died before its last cell's idle; sending it", self.kernel_id, rid)
-            self._spawn(self._send_all(iopub, [self._status(owed, "idle").frames()]))
+        self._say_owed_idle(rid)
         if self.last_executor == rid and self.published_seq < self.log_head and rid not in self._closing:
             # (published_seq is refreshed from etcd there: the router does not watch the log.)
             self._closing.add(rid)
             closing = self._spawn(self._close_lost_seqs(rid, self.log_head))
             closing.add_done_callback(lambda _: self._closing.discard(rid))
+
+    def _say_owed_idle(self, rid: str) -> None:
+        """Replica ``rid``'s connections are closed. If it replied to its last cell but that cell's "idle" has not
+        come (it died in between, or its lease ended then), say "idle" for it: clients wait for both. A cell it
+        still runs is answered by _fail_running_cell, idle included, or sent again."""
+        owed = self._idle_owed.pop(rid, None)
+        iopub = self._sockets.get("iopub")
+        if owed is None or iopub is None or self.shutting_down or self._cell_running_on(rid) is not None:
+            return
+        log.warning("kernel %s: replica %s is gone before its last cell's idle; saying it for it", self.kernel_id, rid)
+        self._spawn(self._send_all(iopub, [self._status(owed, "idle").frames()]))
 
     def _fail_held_cell(self, registration: ReplicaRegistration, why: str) -> None:
         cell = self._cell_running_on(registration.replica_id)
