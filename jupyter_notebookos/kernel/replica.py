@@ -3,10 +3,10 @@
 It runs the user's own code like any IPython kernel. What it adds:
 
 - An ``execute_request`` whose metadata carries a :class:`~replication.protocol.CellDirective` is a *directed*
-  cell: the replica binds the directive's GPUs, runs the code, releases the GPUs, captures and pickles the
-  cell's state delta (warning once in the cell's stderr about values that cannot be serialized), replies with
-  ``metadata.notebookos = {replica, host, gpus, seq}``, and after the reply uploads the buffers and publishes
-  log record ``directive.seq`` in one fenced etcd transaction. Every directed cell publishes exactly one
+  cell: the replica binds the directive's GPUs, runs the code, releases the GPUs, captures the cell's state
+  delta (warning once in the cell's stderr about values that cannot be serialized), replies with
+  ``metadata.notebookos = {replica, host, gpus, seq}``, and after the reply pickles the delta, uploads its buffers
+  and publishes log record ``directive.seq`` in one fenced etcd transaction. Every directed cell publishes exactly one
   record: also when it changed nothing, raised, was interrupted, or was aborted after an earlier error.
 - An ``execute_request`` *without* a directive (a client talking to the replica directly, a test) runs and
   publishes nothing: its effects stay on this replica (and ride along in this replica's next published delta
@@ -706,7 +706,7 @@ class ReplicaKernel(IPythonKernel):
                     uploaded.set_result(None)
                 if failure is not None:  # close the seq at once
                     log.error("record %d: %s; publishing it as lost", directive.seq, failure)
-                    changed = sorted({*delta.values, *delta.unpicklable, *delta.deleted})
+                    changed = sorted(delta.names)
                     record = LogRecord(directive.seq, "lost", msg_id, self.settings.replica_id, unserializable=changed)
                     io_loop.add_callback(self._changes_not_shared, directive.seq, changed, failure)
             uploaded_ms = (time.perf_counter() - started) * 1e3
