@@ -572,6 +572,21 @@ def test_unpicklable_variable_warns_once_and_cell_succeeds(replicas: ReplicaFact
     assert out.stdout.startswith("[1, 2]\nUnreplicatedValueError variable 'lock' was not replicated")
 
 
+def _second_pickling_differs(cls: str, then: str, *, and_later: bool = False) -> str:
+    """Notebook code: class ``cls``, whose instances run ``then`` when pickled a second time (``and_later``: every
+    time after the first), and ``picklings``. The capture's fingerprint before the reply pickles a new value first,
+    the record after it second."""
+    return (
+        "picklings = []\n"
+        f"class {cls}:\n"
+        "    def __reduce__(self):\n"
+        "        picklings.append(1)\n"
+        f"        if len(picklings) {'>=' if and_later else '=='} 2:\n"
+        f"            {then}\n"
+        f"        return ({cls}, ())\n"
+    )
+
+
 def test_a_value_that_fingerprinted_but_then_did_not_pickle_is_named_by_the_record_and_the_next_cell(
     replicas: ReplicaFactory,
 ) -> None:
@@ -583,15 +598,8 @@ def test_a_value_that_fingerprinted_but_then_did_not_pickle_is_named_by_the_reco
     r1 = replicas.start("r1")
     fence = replicas.elect("r0")
     code = (
-        "picklings = []\n"
-        "class Flaky:\n"
-        "    def __reduce__(self):\n"
-        "        picklings.append(1)\n"
-        "        if len(picklings) > 1:\n"
-        "            raise RuntimeError('pickled once only')\n"
-        "        return (Flaky, ())\n"
-        "flaky = Flaky()\n"
-        "kept = [1, 2]"
+        _second_pickling_differs("Flaky", "raise RuntimeError('pickled once only')", and_later=True)
+        + "flaky = Flaky()\nkept = [1, 2]"
     )
     cell = r0.execute(code, CellDirective(1, fence))
     assert cell.status == "ok" and "NotebookOS" not in cell.stderr, cell.stderr
@@ -616,18 +624,7 @@ def test_an_interrupt_while_the_record_is_pickled_after_the_reply_loses_nothing(
     r0 = replicas.start("r0")
     r1 = replicas.start("r1")
     fence = replicas.elect("r0")
-    code = (
-        "import time\n"
-        "picklings = []\n"
-        "class Slow:\n"
-        "    def __reduce__(self):\n"
-        "        picklings.append(1)\n"
-        "        if len(picklings) == 2:\n"
-        "            time.sleep(1.5)\n"
-        "        return (Slow, ())\n"
-        "slow = Slow()\n"
-        "kept = 'here'"
-    )
+    code = "import time\n" + _second_pickling_differs("Slow", "time.sleep(1.5)") + "slow = Slow()\nkept = 'here'"
     assert r0.execute(code, CellDirective(1, fence)).status == "ok"
     time.sleep(0.5)  # the publication's delay is over: the record is being pickled
     os.kill(r0.proc.pid, signal.SIGINT)
