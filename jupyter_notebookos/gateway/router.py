@@ -460,11 +460,30 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
                 self.planner.release(self.kernel_id, msg_id)
                 await asyncio.sleep(0.05)
                 continue  # the replica went away while we waited
+            prior = (self.log_head, self.last_executor)
             self.committing = cell
             try:
                 committed = await self._commit(cell, grant)
             finally:
                 self.committing = None
+            if committed and grant.replica_id not in self.links:
+                # Its replica went away while the decision was committed (its lease ended: etcd was out, or it
+                # died), and nothing was sent to it: undo the decision (the seq was given to no one) and choose
+                # again. A new executor term follows, as after any executor loss.
+                log.warning(
+                    "kernel %s: replica %s went away while cell %s was committed; choosing again",
+                    self.kernel_id,
+                    grant.replica_id,
+                    msg_id,
+                )
+                self.log_head, self.last_executor = prior
+                self.executor, self.fence = None, 0
+                if cell.entries:
+                    self.ledger.release(dict(cell.entries))
+                    cell.entries = {}
+                self.planner.release(self.kernel_id, msg_id)
+                await asyncio.sleep(0.05)
+                continue
             if committed:
                 break
             self.planner.release(self.kernel_id, msg_id)
