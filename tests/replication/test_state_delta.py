@@ -157,14 +157,14 @@ def test_a_new_large_array_is_checksummed_after_the_reply_and_later_changes_are_
 # -- the rule, as a property ------------------------------------------------------------------------------
 
 NAMES = ["v0", "v1", "v2", "v3"]
-_op = st.one_of(
-    st.tuples(st.just("{0} = []"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-    st.tuples(st.just("{0} = {1}"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-    st.tuples(st.just("{0} = [{1}]"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-    st.tuples(st.just("{0}.append(len({0}))"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-    st.tuples(st.just("grow({0})"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-    st.tuples(st.just("del {0}"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-)
+
+
+def _ops(*templates: str) -> st.SearchStrategy[tuple[str, str, str]]:
+    """Cell code templates ({0}, {1}: two names, drawn from NAMES), one drawn at a time."""
+    return st.one_of(*(st.tuples(st.just(t), st.sampled_from(NAMES), st.sampled_from(NAMES)) for t in templates))
+
+
+_op = _ops("{0} = []", "{0} = {1}", "{0} = [{1}]", "{0}.append(len({0}))", "grow({0})", "del {0}")
 
 
 def _sharing(ns: dict, names: list[str]) -> set[tuple[str, str]]:
@@ -248,14 +248,7 @@ def test_replicas_taking_turns_as_the_executor_stay_equal_including_sharing(turn
     _take_turns(turns, {})
 
 
-_array_op = st.one_of(
-    st.tuples(st.just("{0} = np.zeros(4)"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-    st.tuples(st.just("{0} = {1}[1:]"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-    st.tuples(st.just("{0}[0] += 1"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-    st.tuples(st.just("{0} = [{1}]"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-    st.tuples(st.just("grow({0})"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-    st.tuples(st.just("del {0}"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-)
+_array_op = _ops("{0} = np.zeros(4)", "{0} = {1}[1:]", "{0}[0] += 1", "{0} = [{1}]", "grow({0})", "del {0}")
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
