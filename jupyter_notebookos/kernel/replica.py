@@ -395,9 +395,10 @@ class ReplicaKernel(IPythonKernel):
         self._start_deferred()
         future = self._uploading
         if future is not None:
-            if not future.done():  # (awaiting a done one still costs a turn of the loop)
-                with contextlib.suppress(Exception):
-                    await asyncio.wrap_future(future)
+            # (Even when it is done: the turn of the loop this costs runs what the upload queued first, such as the
+            # notice of a refused upload that this cell must show.)
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(future)
             if self._uploading is future:
                 self._uploading = None
         if self._needs_resync:
@@ -695,20 +696,24 @@ class ReplicaKernel(IPythonKernel):
             else:
                 assert delta is not None
                 try:
-                    if failure is None:
-                        loop = asyncio.get_running_loop()
-                        # The checksums capture left for after the reply (new values), then the upload.
-                        await loop.run_in_executor(None, settle)
-                        record = await loop.run_in_executor(None, statelog.finish, pending, directive.seq, msg_id)
-                except Exception as exc:  # the object store is unreachable or full
-                    failure = f"the object store refused them: {type(exc).__name__}: {exc}"
+                    try:
+                        if failure is None:
+                            loop = asyncio.get_running_loop()
+                            # The checksums capture left for after the reply (new values), then the upload.
+                            await loop.run_in_executor(None, settle)
+                            record = await loop.run_in_executor(None, statelog.finish, pending, directive.seq, msg_id)
+                    except Exception as exc:  # the object store is unreachable or full
+                        failure = f"the object store refused them: {type(exc).__name__}: {exc}"
+                    if failure is not None:  # close the seq at once
+                        log.error("record %d: %s; publishing it as lost", directive.seq, failure)
+                        changed = sorted(delta.names)
+                        record = LogRecord(
+                            directive.seq, "lost", msg_id, self.settings.replica_id, unserializable=changed
+                        )
+                        # Queued before the next cell, which waits for the upload, may take the notice.
+                        io_loop.add_callback(self._changes_not_shared, directive.seq, changed, failure)
                 finally:
                     uploaded.set_result(None)
-                if failure is not None:  # close the seq at once
-                    log.error("record %d: %s; publishing it as lost", directive.seq, failure)
-                    changed = sorted(delta.names)
-                    record = LogRecord(directive.seq, "lost", msg_id, self.settings.replica_id, unserializable=changed)
-                    io_loop.add_callback(self._changes_not_shared, directive.seq, changed, failure)
             uploaded_ms = (time.perf_counter() - started) * 1e3
             outcome = await agent.publish(record, directive.fence, hold=empty)
             if not outcome.written:
