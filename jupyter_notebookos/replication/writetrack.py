@@ -24,7 +24,9 @@ buffer that shares its first or last page with a neighbouring allocation (arrays
 threshold, at most 32 MiB, may sit next to each other on the heap) counts as written when the neighbour's
 edge is written. Such a buffer's own bytes in those shared pages are checksummed (a few KiB, read through
 ``/proc/self/mem``) when only they were seen written, so a busy neighbour does not make it look changed;
-``madvise(MADV_DONTNEED)`` on a tracked buffer (which zeroes it) is not a write and is not seen.
+``madvise(MADV_DONTNEED)`` on a tracked buffer (which zeroes it) is not a write and is not seen. A write to a
+protected transparent huge page splits it into 4 KiB mappings (the kernel's way of resolving it in asynchronous
+mode), so a tracked array written in place loses its huge pages (see docs/state-tracking.md).
 """
 
 from __future__ import annotations
