@@ -262,6 +262,37 @@ def test_an_executor_that_dies_between_its_reply_and_its_idle_leaves_no_client_w
         assert after.notebookos["replica"] != result.notebookos["replica"]
 
 
+def test_an_executor_that_dies_owing_the_idle_of_a_cell_before_the_running_one_leaves_no_client_waiting(
+    kernel: tuple[GatewayClient, str],
+) -> None:
+    """A replica sends a cell's reply before its idle, and the router sends the next queued cell on the reply. So an
+    executor may owe the idle of one cell while it runs the next. Dying then, both must end for the client: the
+    running cell as any cell whose executor died, and the one before with an "idle" the router says for it."""
+    client, kernel_id = kernel
+    with client.connect(kernel_id) as conn:
+        assert conn.execute("x = 1").status == "ok"
+        dies = (
+            "import os, threading\n"
+            "def no_idle(status, *args, publish=get_ipython().kernel._publish_status, **kwargs):\n"
+            "    if status != 'idle':\n"
+            "        return publish(status, *args, **kwargs)\n"
+            "    threading.Timer(1.0, os._exit, [1]).start()\n"
+            "get_ipython().kernel._publish_status = no_idle\n"
+            "print('replied')"
+        )
+        first = conn.send("shell", "execute_request", {"code": dies, "silent": False})
+        second = conn.send("shell", "execute_request", {"code": "import time\ntime.sleep(5)", "silent": False})
+        began = time.monotonic()
+        result = conn.collect(first, timeout=60)
+        assert result.status == "ok" and result.stdout == "replied\n", result.reply["content"]
+        running = conn.collect(second, timeout=60)
+        assert running.status in ("ok", "error"), running.reply["content"]  # failed, or sent again if not begun
+        assert time.monotonic() - began < 30
+        after = conn.execute("print(x)", timeout=60)
+        assert after.status == "ok" and after.stdout == "1\n", after.reply["content"]
+        assert after.notebookos["replica"] != result.notebookos["replica"]
+
+
 def test_killing_the_executor_mid_cell_errors_that_cell_only(kernel: tuple[GatewayClient, str], tmp_path: Path) -> None:
     client, kernel_id = kernel
     marker = tmp_path / "runs.txt"

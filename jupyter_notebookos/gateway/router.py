@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -57,13 +58,16 @@ from jupyter_notebookos.gateway.cells import (
 )
 from jupyter_notebookos.gateway.commit import CellCommits
 from jupyter_notebookos.gateway.ledger import LedgerReleases
-from jupyter_notebookos.gateway.relay import ReplicaLink, RouterRelay
+from jupyter_notebookos.gateway.relay import ClientSocket, LocalClient, ReplicaLink, RouterRelay
 from jupyter_notebookos.gateway.replicas import KernelReplicas
 from jupyter_notebookos.gateway.replicaset import ReplicaSetView
 from jupyter_notebookos.gateway.routerstate import log
 from jupyter_notebookos.gateway.waitnotice import WaitNotice
 from jupyter_notebookos.gateway.wire import DELIM, Signer, WireMessage
 from jupyter_notebookos.replication.protocol import METADATA_KEY, CellDirective, ReplicaRegistration
+
+#: Requests whose "idle" a replica still owes that the router keeps, per replica (the latest; see _say_owed_idle).
+IDLES_OWED_KEPT = 16
 
 
 class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
@@ -132,7 +136,8 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         self._evictions = {}
         self._stdin_owner: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._sockets: dict[str, zmq.asyncio.Socket] = {}
+        self._sockets: dict[str, ClientSocket] = {}
+        self.local_clients: weakref.WeakSet[LocalClient] = weakref.WeakSet()
         self._watches: list[Any] = []
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -339,15 +344,22 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             closing.add_done_callback(lambda _: self._closing.discard(rid))
 
     def _say_owed_idle(self, rid: str) -> None:
-        """Replica ``rid``'s connections are closed. If it replied to its last cell but that cell's "idle" has not
-        come (it died in between, or its lease ended then), say "idle" for it: clients wait for both. A cell it
-        still runs is answered by _fail_running_cell, idle included, or sent again."""
-        owed = self._idle_owed.pop(rid, None)
+        """Replica ``rid``'s connections are closed. For each cell it replied to whose "idle" has not come (it died
+        in between, or its lease ended then), say "idle" for it: clients wait for both. A cell it still runs is
+        answered by _fail_running_cell, idle included, or sent again."""
+        owed = self._idle_owed.pop(rid, [])
         iopub = self._sockets.get("iopub")
-        if owed is None or iopub is None or self.shutting_down or self._cell_running_on(rid) is not None:
+        running = self._cell_running_on(rid)
+        owed = [request for request in owed if running is None or request.msg_id != running.request.msg_id]
+        if not owed or iopub is None or self.shutting_down:
             return
-        log.warning("kernel %s: replica %s is gone before its last cell's idle; saying it for it", self.kernel_id, rid)
-        self._spawn(self._send_all(iopub, [self._status(owed, "idle").frames()]))
+        log.warning(
+            "kernel %s: replica %s is gone before the idle of %d cell(s) it replied to; saying it for them",
+            self.kernel_id,
+            rid,
+            len(owed),
+        )
+        self._spawn(self._send_all(iopub, [self._status(request, "idle").frames() for request in owed]))
 
     def _fail_held_cell(self, registration: ReplicaRegistration, why: str) -> None:
         cell = self._cell_running_on(registration.replica_id)
@@ -515,7 +527,9 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         metadata[METADATA_KEY] = directive.to_dict()
         forwarded = self.signer.with_metadata(cell.request, metadata)
         self._remember_route(msg_id, grant.replica_id)
-        self._idle_owed[grant.replica_id] = cell.request
+        owed = self._idle_owed.setdefault(grant.replica_id, [])
+        owed.append(cell.request)
+        del owed[:-IDLES_OWED_KEPT]
         await link.shell.send_multipart(forwarded.frames())
         try:
             await cell.done
@@ -548,6 +562,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             "running": self.running.request.msg_id if self.running else None,
             "gpu_seconds_used": round(self.gpu_seconds, 3),
             "client_shell_messages": dict(self.client_messages),
+            "messages_to_clients_in_process": sum(sock.delivered for sock in self._sockets.values()),
         }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,7 @@ from jupyter_notebookos.gateway.wire import Signer, WireMessage
 from jupyter_notebookos.replication.protocol import ReplicaRegistration
 
 if TYPE_CHECKING:
-    from jupyter_notebookos.gateway.relay import ReplicaLink
+    from jupyter_notebookos.gateway.relay import ClientSocket, LocalClient, ReplicaLink
     from jupyter_notebookos.gateway.router import ReplicaRouter
 
 log = logging.getLogger("jupyter_notebookos.gateway.router")
@@ -84,13 +85,17 @@ class RouterState:
     # The cell record stays in etcd until then (see CellCommits._release_entries).
     unpublished: dict[int, tuple[str, dict[str, int]]]
     _closing: set[str]
-    # Per replica: the request of the cell it was sent whose "idle" has not come back yet (see replica_lost).
-    _idle_owed: dict[str, WireMessage]
+    # Per replica: the requests of the cells it was sent whose "idle" has not come back yet, oldest first (a replica
+    # sends a cell's reply before its idle, and the next cell may follow the reply; see _say_owed_idle).
+    _idle_owed: dict[str, list[WireMessage]]
     _routes: OrderedDict[str, str]
     _evictions: dict[str, asyncio.Future[dict[str, Any]]]  # evict request msg_id -> the replica's answer
     _stdin_owner: str | None
     _tasks: list[asyncio.Task[None]]
-    _sockets: dict[str, zmq.asyncio.Socket]
+    _sockets: dict[str, ClientSocket]
+    # The kernel's clients in this process (websocket connections): they get what the router sends to clients
+    # in-process (see ClientSocket).
+    local_clients: weakref.WeakSet[LocalClient]
     _watches: list[Any]
 
     if TYPE_CHECKING:

@@ -94,6 +94,8 @@ class PlatformViews(PlatformState):
             "gpu_seconds_used": summary["gpu_seconds_used"],
             # How clients' shell messages reached the router: in-process from this gateway's websocket, or over ZMQ.
             "client_shell_messages": summary["client_shell_messages"],
+            # Messages the router handed to this gateway's websocket connections in-process (not over ZMQ).
+            "messages_to_clients_in_process": summary["messages_to_clients_in_process"],
             "gpu_seconds_held_if_reserved": round(held, 3),
         }
 

@@ -23,10 +23,14 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import zmq.asyncio
+import zmq
 
 from jupyter_notebookos.gateway.wire import Signer, WireMessage
+
+if TYPE_CHECKING:
+    from jupyter_notebookos.gateway.relay import ClientSocket
 
 #: The MIME type of the notice's structured form (the JupyterLab extension renders it).
 WAIT_MIME = "application/vnd.notebookos.wait+json"
@@ -64,7 +68,7 @@ class WaitNotice:
         self,
         *,
         signer: Signer,
-        iopub: zmq.asyncio.Socket,
+        iopub: ClientSocket,
         request: WireMessage,
         gpus: int,
         arrived: float,

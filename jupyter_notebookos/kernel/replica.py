@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import zmq
 from ipykernel.ipkernel import IPythonKernel
 
 from jupyter_notebookos.gpu.binding import GpuBinding
@@ -78,6 +79,9 @@ CATCH_UP_TIMEOUT = 30.0
 #: starts at once competes with the reply on its way to the client: a 100 MB array cell's reply took 4.7 ms
 #: longer to reach the client. 20 ms is well after a reply reached a client on the same machine.
 PUBLICATION_DELAY = 0.02
+#: Most seconds the main thread waits, after a request, for the I/O thread to have sent its "idle" (see
+#: ReplicaKernel._publish_status).
+IDLE_HANDOFF_S = 0.005
 
 #: Seconds the kernel waits, idle, after a cell (or a comm message) before it verifies the values no cell
 #: reached (StateTracker.verify, in a thread; the next request stops it). While the kernel stays idle it verifies
@@ -987,6 +991,24 @@ class ReplicaKernel(IPythonKernel):
         if self._checkpoint_abort is not None and dispatch == self.dispatch_shell:
             self._checkpoint_abort.set()
         super().schedule_dispatch(dispatch, *args)
+
+    def _publish_status(self, status: str, channel: str, parent: dict[str, Any] | None = None) -> None:
+        """Publish a status as ipykernel does; after a shell request, its reply goes first and the "idle" goes
+        out at once.
+
+        Clients wait for both. ipykernel queues the reply, hands the idle to its iopub thread and then sends the
+        reply; that thread sends the idle only once it gets the GIL, when the main thread next blocks: 1.3 ms
+        later, measured after a trivial cell, so the idle, not the reply, was what the client waited for. Here the
+        reply is sent first and the main thread then waits (without the GIL) until the iopub thread has sent the
+        idle, at most IDLE_HANDOFF_S."""
+        if status != "idle" or channel != "shell" or self.shell_stream is None or self.iopub_thread is None:
+            super()._publish_status(status, channel, parent)
+            return
+        self.shell_stream.flush(zmq.POLLOUT)
+        super()._publish_status(status, channel, parent)
+        sent = threading.Event()
+        self.iopub_thread.schedule(sent.set)  # runs after the idle's send: the thread takes its events in order
+        sent.wait(IDLE_HANDOFF_S)
 
     def _reply_error(self, stream: Any, ident: Any, parent: dict[str, Any], ename: str, evalue: str) -> None:
         content = {"status": "error", "ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}

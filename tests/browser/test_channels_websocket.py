@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import socket
 import statistics
@@ -16,6 +17,8 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
+import requests
+import websocket
 from kernel_socket import (
     KernelSocket,
     connections,
@@ -25,6 +28,7 @@ from kernel_socket import (
     stdout_of,
 )
 from lab_stack import Service
+from support import Platform
 
 # A trivial cell takes ~9 ms with TCP_NODELAY and ~48 ms without: without it *every* cell waits on a delayed
 # ACK (>= 40 ms on Linux), so even stock EG's fastest cells take > 43 ms (measured: never less in 600 cells).
@@ -171,6 +175,112 @@ def test_an_older_connection_that_speaks_takes_the_session_back(handler_gateway:
     while connections(url, token, kernel) != 0 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert connections(url, token, kernel) == 0
+
+
+def _in_process(url: str, token: str, kernel_id: str) -> int:
+    """How many messages the kernel's router has handed to this gateway's websocket connections in-process."""
+    response = requests.get(
+        f"{url}/api/notebookos/kernels/{kernel_id}", headers={"Authorization": f"token {token}"}, timeout=10
+    )
+    response.raise_for_status()
+    return int(response.json()["messages_to_clients_in_process"])
+
+
+def _iopub_until_idle(client: KernelSocket, msg_id: str, timeout: float = 60) -> list[dict]:
+    """The iopub messages of another session's request ``msg_id`` (its reply goes to that session only)."""
+    messages: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while (
+        not messages
+        or messages[-1]["header"]["msg_type"] != "status"
+        or messages[-1]["content"]["execution_state"] != "idle"
+    ):
+        client.ws.settimeout(max(0.01, deadline - time.monotonic()))
+        msg = json.loads(client.ws.recv())
+        if msg.get("parent_header", {}).get("msg_id") == msg_id:
+            messages.append(msg)
+    return messages
+
+
+def _refused_copies(platform: Platform) -> int:
+    """How often the gateway refused a kernel message as one it had already seen (a ZMQ copy of a message handed
+    over in-process that got through: jupyter_client's session refuses a signature twice, with an error)."""
+    return sum(log.read_text(errors="replace").count("Duplicate Signature") for log in platform.state_dir.glob("*.log"))
+
+
+def _late(client: KernelSocket, msg_ids: set[str], settle: float = 0.5) -> list[dict]:
+    """Messages of requests ``msg_ids`` that still come within ``settle`` seconds (after all of theirs came)."""
+    late: list[dict] = []
+    deadline = time.monotonic() + settle
+    while (left := deadline - time.monotonic()) > 0:
+        client.ws.settimeout(left)
+        try:
+            msg = json.loads(client.ws.recv())
+        except websocket.WebSocketTimeoutException:
+            break
+        if msg.get("parent_header", {}).get("msg_id") in msg_ids:
+            late.append(msg)
+    return late
+
+
+def test_a_notebookos_kernels_messages_reach_its_websockets_in_process_once_and_in_order(shared_up: Platform) -> None:
+    """A NotebookOS kernel's router runs in the gateway: what it sends its clients goes to the gateway's websocket
+    connections in-process, and they drop the ZMQ copy. Every message must still come once and in order: a burst of
+    output, two sessions on one kernel, an older connection that speaks after a newer one of its session opened (it
+    takes the session's streams back), and a reconnect with the same session while a cell runs (the new connection
+    takes them)."""
+    url, token = shared_up.url, shared_up.token
+    kernel = start_kernel(url, token, "python3-notebookos")
+    try:
+        first = KernelSocket(url, token, kernel, timeout=60)
+        other = KernelSocket(url, token, kernel, timeout=60)  # another session: sees the same iopub messages
+        try:
+            first.execute("1", timeout=60)
+            before, refused = _in_process(url, token, kernel), _refused_copies(shared_up)
+            burst = "import sys\nfor i in range(300):\n    print(i)\n    sys.stdout.flush()"
+            msg_id = first.send("execute_request", {"code": burst, "silent": False})
+            expected = "".join(f"{i}\n" for i in range(300))
+            messages = first.collect(msg_id, timeout=60)
+            assert stdout_of(messages) == expected
+            kinds = [m["header"]["msg_type"] for m in messages]
+            assert kinds.count("execute_reply") == 1 and kinds.count("execute_input") == 1
+            states = [m["content"]["execution_state"] for m in messages if m["header"]["msg_type"] == "status"]
+            assert states == ["busy", "idle"]
+            assert stdout_of(_iopub_until_idle(other, msg_id)) == expected
+            assert _late(first, {msg_id}) == [] and _late(other, {msg_id}) == []  # no ZMQ copy got through
+            assert _in_process(url, token, kernel) - before >= 2 * kinds.count("stream") + 3
+
+            # A newer connection of the same session that stays silent takes the streams; the older one speaks
+            # and takes them back: its cell's messages come to it, once.
+            silent = KernelSocket(url, token, kernel, first.session_id, timeout=30)
+            try:
+                messages, _ = first.execute("print(1 + 1)", timeout=30)
+                assert stdout_of(messages) == "2\n"
+                assert _late(first, {messages[0]["parent_header"]["msg_id"]}) == []
+            finally:
+                with contextlib.suppress(Exception):
+                    silent.close()
+
+            # A reconnect with the same session while a cell runs: the new connection gets its output, once.
+            sleeper = {"code": "import time; time.sleep(1); print('after')", "silent": False}
+            msg_id = first.send("execute_request", sleeper)
+            again = KernelSocket(url, token, kernel, first.session_id, timeout=30)
+            try:
+                messages = again.collect(msg_id, timeout=30)
+                assert stdout_of(messages) == "after\n"
+                messages, _ = again.execute("print(40 + 2)", timeout=30)
+                assert stdout_of(messages) == "42\n"
+                assert _late(again, {msg_id, messages[0]["parent_header"]["msg_id"]}) == []
+                assert _refused_copies(shared_up) == refused
+            finally:
+                with contextlib.suppress(Exception):
+                    again.close()
+        finally:
+            other.close()
+            with contextlib.suppress(Exception):
+                first.close()
+    finally:
+        shutdown_kernel(url, token, kernel)
 
 
 def test_gateway_app_serves_kernel_channels_with_our_handler() -> None:
