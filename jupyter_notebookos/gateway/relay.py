@@ -73,13 +73,22 @@ class ClientSocket:
         self.delivered = 0  # messages taken in-process by a local client
 
     def send_multipart(self, frames: list[bytes], *args: Any, **kwargs: Any) -> Any:
-        """Hand ``frames`` to the local clients, then send them over ZMQ (returns the socket's send future)."""
+        """Hand ``frames`` to the local clients, then send them over ZMQ; returns an awaitable.
+
+        On the ROUTER channels (shell, control, stdin) a message goes to one client, named by its first frame: one
+        that a local client took needs no ZMQ copy (sending one cost the router about 0.2 ms per message here)."""
+        taken = False
         for client in list(self.local):
             try:
                 if client.deliver_from_kernel(self.channel, frames):
                     self.delivered += 1
+                    taken = True
             except Exception:  # that client gets the ZMQ copy; the others and the router go on
                 log.warning("handing a %s message to a client in-process failed", self.channel, exc_info=True)
+        if taken and self.channel != "iopub":
+            sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            sent.set_result(None)
+            return sent
         return self.sock.send_multipart(frames, *args, **kwargs)
 
     def recv_multipart(self, *args: Any, **kwargs: Any) -> Any:

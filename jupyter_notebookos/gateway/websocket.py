@@ -67,9 +67,10 @@ the router has handled the last message this connection sent over ZMQ (so no mes
 still on its way) and a reply came back over the connection (so the router's ROUTER socket knows where the reply
 goes). Measured: 0.24 ms instead of 0.61 ms from the websocket to the router (medians of 13 cells). The other way,
 the router hands what it sends its clients to this handler in-process as it sends it (``deliver_from_kernel``,
-called by the router's ``ClientSocket``): the stream's receiver gets it at once, as if it came over ZMQ, and its ZMQ
-copy is dropped when it comes (by its header frame; jupyter_client's session would refuse it anyway, as a signature
-seen twice).
+called by the router's ``ClientSocket``): the stream's receiver gets it at once, as if it came over ZMQ. A reply
+(shell, control, stdin) then goes no further; an iopub message still goes over ZMQ, for the kernel manager's
+activity watch, and this handler drops that copy when it comes (by its header frame; jupyter_client's session would
+refuse it anyway, as a signature seen twice).
 
 `handler_overrides()` lists the URL patterns this module serves, for the gateway app to install in place of
 EG's own handler (see `install_overrides`).
@@ -93,7 +94,8 @@ from jupyter_server.utils import url_path_join
 
 WS_V1 = "v1.kernel.websocket.jupyter.org"
 DELIM = b"<IDS|MSG>"
-#: Messages handed over in-process whose ZMQ copy a stream still waits for, at most (older ones are forgotten).
+#: Messages handed over in-process whose ZMQ copy a stream still waits for, at most (older ones are forgotten: more
+#: than ZMQ keeps queued between a PUB and a SUB socket, 1000 each way by default, so none still comes).
 HANDED_KEPT = 4096
 
 
@@ -279,8 +281,9 @@ class KernelChannelsHandler(ZMQChannelsHandler):
         """A message the kernel's router (in this process) sends its clients on ``channel``, handed over
         in-process (RouterRelay's ClientSocket): if it is this client's (this connection holds the session's
         streams; on the ROUTER channels, it is addressed to the session's identity), the stream's receiver (this
-        handler's, or the stock nudge's) gets it now, as if it came over ZMQ, and its ZMQ copy is dropped when it
-        comes. Saves the ZMQ hop on every message a cell sends."""
+        handler's, or the stock nudge's) gets it now, as if it came over ZMQ. An iopub message's ZMQ copy (the
+        kernel manager's activity watch subscribes too) is dropped when it comes; a ROUTER channel's message has
+        none. Saves the ZMQ hop on every message a cell sends."""
         stream = self.channels.get(channel)
         if stream is None or self._open_sessions.get(self.session_key) is not self or stream.closed():
             return False
@@ -304,6 +307,8 @@ class KernelChannelsHandler(ZMQChannelsHandler):
         except Exception:  # as pyzmq would (the ZMQ copy then goes the same way)
             self.log.warning("Handing a kernel message to a client in-process failed", exc_info=True)
             return False
+        if channel != "iopub":
+            return True  # addressed to this client alone: the router sends no ZMQ copy (ClientSocket)
         handed = getattr(stream, "notebookos_handed", None)
         if handed is None:
             handed = stream.notebookos_handed = OrderedDict()
