@@ -234,6 +234,20 @@ def _all_applied(client: GatewayClient, kernel_id: str, seq: int) -> dict | None
     return info if all(r["applied_seq"] >= seq for r in info["replicas"]) else None
 
 
+def _replies_then_dies(after_s: float) -> str:
+    """A cell that stops its replica from publishing the "idle" of this cell, prints "replied", and has the replica
+    exit ``after_s`` seconds after its reply."""
+    return (
+        "import os, threading\n"
+        "def no_idle(status, *args, publish=get_ipython().kernel._publish_status, **kwargs):\n"
+        "    if status != 'idle':\n"
+        "        return publish(status, *args, **kwargs)\n"
+        f"    threading.Timer({after_s}, os._exit, [1]).start()\n"
+        "get_ipython().kernel._publish_status = no_idle\n"
+        "print('replied')"
+    )
+
+
 def test_an_executor_that_dies_between_its_reply_and_its_idle_leaves_no_client_waiting(
     kernel: tuple[GatewayClient, str],
 ) -> None:
@@ -243,15 +257,7 @@ def test_an_executor_that_dies_between_its_reply_and_its_idle_leaves_no_client_w
     client, kernel_id = kernel
     with client.connect(kernel_id) as conn:
         assert conn.execute("x = 1").status == "ok"
-        dies = (
-            "import os, threading\n"
-            "def no_idle(status, *args, publish=get_ipython().kernel._publish_status, **kwargs):\n"
-            "    if status != 'idle':\n"
-            "        return publish(status, *args, **kwargs)\n"
-            "    threading.Timer(0.3, os._exit, [1]).start()\n"
-            "get_ipython().kernel._publish_status = no_idle\n"
-            "print('replied')"
-        )
+        dies = _replies_then_dies(0.3)
         began = time.monotonic()
         result = conn.execute(dies, timeout=60)
         assert result.status == "ok" and result.stdout == "replied\n", result.reply["content"]
@@ -271,15 +277,7 @@ def test_an_executor_that_dies_owing_the_idle_of_a_cell_before_the_running_one_l
     client, kernel_id = kernel
     with client.connect(kernel_id) as conn:
         assert conn.execute("x = 1").status == "ok"
-        dies = (
-            "import os, threading\n"
-            "def no_idle(status, *args, publish=get_ipython().kernel._publish_status, **kwargs):\n"
-            "    if status != 'idle':\n"
-            "        return publish(status, *args, **kwargs)\n"
-            "    threading.Timer(1.0, os._exit, [1]).start()\n"
-            "get_ipython().kernel._publish_status = no_idle\n"
-            "print('replied')"
-        )
+        dies = _replies_then_dies(1.0)
         first = conn.send("shell", "execute_request", {"code": dies, "silent": False})
         second = conn.send("shell", "execute_request", {"code": "import time\ntime.sleep(5)", "silent": False})
         began = time.monotonic()
