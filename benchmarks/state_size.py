@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-gb", type=float, default=1.0, help="largest state held (1, 2 or 4 GB)")
     parser.add_argument("--changes", type=int, default=5, help="1 MiB-change cells measured")
     # 21, not 11: the cell's own code moves by 1-2 ms between runs in either kernel on a 2-core VM (preemption, page
-    # faults after the heap grew), which a median of 11 passed on to the ratio (1.08-1.11x in one afternoon).
+    # faults after the heap grew), which a median of 11 passed on to the ratio (1.08-1.11x in one session).
     parser.add_argument("--arrays", type=int, default=21, help="100 MB array cells per kernel (median)")
     parser.add_argument("--state", choices=("numpy", "torch"), default="numpy", help="what the held GBs are")
     parser.add_argument(
