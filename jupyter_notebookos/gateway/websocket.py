@@ -92,8 +92,9 @@ from jupyter_server.services.kernels.handlers import ZMQChannelsHandler as Serve
 from jupyter_server.services.kernels.handlers import _kernel_id_regex
 from jupyter_server.utils import url_path_join
 
+from jupyter_notebookos.gateway.wire import MalformedMessage, WireMessage
+
 WS_V1 = "v1.kernel.websocket.jupyter.org"
-DELIM = b"<IDS|MSG>"
 #: Messages handed over in-process whose ZMQ copy a stream still waits for, at most (older ones are forgotten: more
 #: than ZMQ keeps queued between a PUB and a SUB socket, 1000 each way by default, so none still comes).
 HANDED_KEPT = 4096
@@ -388,12 +389,12 @@ class KernelChannelsHandler(ZMQChannelsHandler):
             self._close_future.set_result(None)
 
 
-def _header_frame(msg_list: list[Any]) -> bytes | None:
-    """The header frame of a kernel message's frames (what tells two messages apart), or None if it has none."""
-    for at, frame in enumerate(msg_list):
-        if bytes(frame) == DELIM and at + 2 < len(msg_list):
-            return bytes(msg_list[at + 2])
-    return None
+def _header_frame(msg_list: list[bytes]) -> bytes | None:
+    """The header frame of a kernel message's frames (what tells two messages apart), or None if they are not one."""
+    try:
+        return WireMessage.parse(msg_list).header_frame
+    except MalformedMessage:
+        return None
 
 
 class _Frames:
