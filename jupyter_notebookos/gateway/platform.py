@@ -254,12 +254,15 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         gpus: int,
         launch_timeout: float | None = None,
         config: dict[str, Any] | None = None,
+        port_range: tuple[int, int] = (0, 0),
     ) -> ReplicaRouter:
         """Place the kernel's replicas, bind its router, start the replicas and wait until they registered.
 
         ``gpus`` and ``launch_timeout`` are the kernel's request as the process proxy resolved it (None: the
         defaults, ``RouterSettings.launch_timeout`` here and the launcher's own for its replicas);
-        ``config`` is the kernelspec's ``process_proxy.config``: every replica's launcher gets it."""
+        ``config`` is the kernelspec's ``process_proxy.config``: every replica's launcher gets it. A port of
+        ``ports`` taken meanwhile is replaced by a free one in ``port_range`` (EG's, (0, 0): any): the router's
+        ``ports`` are the kernel's."""
         if not self.ready.is_set():
             await wait_event(self.ready, self.etcd_timeout * 4)
         if self.coordinator is None or self.ledger is None or self.access is None:
@@ -277,7 +280,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         self.kernels[kernel_id] = record
         try:
             record.access = await self.access.create(kernel_id)
-            await router.bind()
+            await router.bind(port_range=port_range)
             await router.start(fresh=True)
             # All at once: a launcher may wait for its pod to run, and the kernel waits for the slowest anyway.
             starts = [
@@ -303,7 +306,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
                         "kernel_name": kernel_name,
                         "gpus": gpus,
                         "ip": ip,
-                        "ports": ports,
+                        "ports": router.ports,
                         "key": key.decode(),
                         "signature_scheme": signature_scheme,
                         "started_at": record.started_at,

@@ -14,11 +14,23 @@ import signal
 from typing import Any
 
 from enterprise_gateway.services.processproxies.processproxy import BaseProcessProxyABC, LocalProcessProxy
+from jupyter_client.connect import ConnectionFileMixin
 from tornado import web
 
 from jupyter_notebookos.gateway.platform import GatewayPlatform, KernelRequestError
 from jupyter_notebookos.gateway.router import ReplicaRouter
 from jupyter_notebookos.launchers.base import LaunchError, RequestRefused
+
+
+def adopt_ports(km: Any, ports: dict[str, int]) -> None:
+    """Give the kernel manager ``km`` the ports its router bound at and rewrite its connection file.
+
+    Before the launch returns, so every client the gateway connects (and jupyter_client's control socket)
+    uses them. jupyter_client's own writer is called: EG's override would pick five new ports."""
+    for channel, port in ports.items():
+        setattr(km, f"{channel}_port", port)
+    km.cleanup_connection_file()
+    ConnectionFileMixin.write_connection_file(km)
 
 
 class NotebookOSProcessProxy(LocalProcessProxy):
@@ -59,11 +71,14 @@ class NotebookOSProcessProxy(LocalProcessProxy):
                 # Every key of the kernelspec's process_proxy.config reaches the launcher (image, resources...);
                 # the launcher lets the kernel's KERNEL_* variables override them, as EG documents.
                 config=dict(self.proxy_config or {}),
+                port_range=(self.lower_port, self.upper_port),
             )
         except (KernelRequestError, RequestRefused) as err:  # the user's request: theirs to fix
             raise web.HTTPError(400, str(err)) from err
         except LaunchError as err:
             raise web.HTTPError(500, str(err)) from err
+        if self.router.ports != ports:
+            adopt_ports(km, self.router.ports)
         self.ip = km.ip
         self.log.info(
             "NotebookOS kernel %s is up: router at %s, replicas %s",

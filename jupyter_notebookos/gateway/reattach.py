@@ -17,7 +17,7 @@ from jupyter_notebookos.gateway.platformstate import PlatformState
 from jupyter_notebookos.gateway.reconcile import entry_cell
 from jupyter_notebookos.gateway.records import KernelRecord
 from jupyter_notebookos.gateway.sessions import parse_session
-from jupyter_notebookos.launchers.base import ReplicaHandle
+from jupyter_notebookos.launchers.base import LaunchError, ReplicaHandle
 from jupyter_notebookos.replication.protocol import MalformedRecord, ReplicaRegistration
 from jupyter_notebookos.scheduler import KernelSpec, ReplicaSlot, RunningCellSpec
 
@@ -62,7 +62,7 @@ class Reattachment(PlatformState):
                 continue
             try:
                 await self._adopt(session, registrations, handles)
-            except (ValueError, OSError, CoordinationError) as err:
+            except (ValueError, OSError, CoordinationError, LaunchError) as err:
                 self.log.error("kernel %s: could not re-attach: %s", kernel_id, err)
                 continue
             adopted.append(session)
@@ -102,7 +102,13 @@ class Reattachment(PlatformState):
                 or ReplicaHandle(kernel_id, rid, registration.host, pid=registration.pid, pod=registration.pod),
             )
         self.kernels[kernel_id] = record
-        await router.bind()
+        try:
+            # The ports its clients' kernel manager has (the record's): taken by another process, no kernel here.
+            await router.bind()
+        except LaunchError:
+            del self.kernels[kernel_id]
+            await router.close()
+            raise
         await router.start(fresh=False)
         self.log.info(
             "kernel %s: re-attached to replicas %s",

@@ -23,6 +23,7 @@ import zmq.asyncio
 from jupyter_notebookos.gateway.cells import PendingCell
 from jupyter_notebookos.gateway.routerstate import RouterState, log
 from jupyter_notebookos.gateway.wire import MalformedMessage, WireMessage
+from jupyter_notebookos.launchers.base import LaunchError
 from jupyter_notebookos.replication.protocol import METADATA_KEY, ReplicaRegistration, stops_on_error
 
 # What a client may send on a kernel's control channel: interrupts, shutdown, the debugger, and kernel_info
@@ -49,6 +50,27 @@ def _reply_status(reply: WireMessage) -> object:
         return reply.content().get("status")
     except MalformedMessage:
         return None
+
+
+#: How many random ports in a kernel's port range the router tries when its chosen one was taken.
+PORT_TRIES = 100
+
+
+def bind_client_socket(sock: zmq.Socket[Any], ip: str, port: int, port_range: tuple[int, int] | None) -> int:
+    """Bind ``sock`` at ``ip:port``; when that port is in use and ``port_range`` is given, at a free port in
+    it instead ((0, 0): any). The port it bound at."""
+    try:
+        sock.bind(f"tcp://{ip}:{port}")
+        return port
+    except zmq.ZMQError as err:
+        if err.errno != zmq.EADDRINUSE or port_range is None:
+            raise
+    lowest, highest = port_range
+    if lowest == highest == 0:
+        sock.bind(f"tcp://{ip}:*")
+        endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        return int(endpoint.rsplit(":", 1)[1])
+    return int(sock.bind_to_random_port(f"tcp://{ip}", lowest, highest + 1, PORT_TRIES))
 
 
 class LocalClient(Protocol):
@@ -134,8 +156,13 @@ class ReplicaLink:
 class RouterRelay(RouterState):
     """The router's part that moves Jupyter messages between clients and replicas."""
 
-    async def bind(self) -> None:
-        """Bind the client-facing sockets at the kernel's connection info."""
+    async def bind(self, *, port_range: tuple[int, int] | None = None) -> None:
+        """Bind the client-facing sockets at the kernel's connection info.
+
+        With ``port_range`` (a new kernel: no client has its connection info yet) a port that another process
+        took since the kernel manager picked it is replaced by a free one, in the range (lowest, highest) or
+        anywhere when that is (0, 0); ``self.ports`` then says which. Without it (a kernel re-attached after
+        a gateway restart: clients hold its ports) a taken port is an error."""
         kinds = {
             "shell": zmq.ROUTER,
             "control": zmq.ROUTER,
@@ -150,7 +177,22 @@ class RouterRelay(RouterState):
                 sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
             if kind == zmq.ROUTER:
                 sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-            sock.bind(f"tcp://{self.ip}:{self.ports[name]}")
+            try:
+                port = bind_client_socket(sock, self.ip, self.ports[name], port_range)
+            except zmq.ZMQBaseError as err:  # ZMQBindError (no free port in the range) is not a ZMQError
+                sock.close(0)
+                raise LaunchError(
+                    f"kernel {self.kernel_id}: cannot bind its {name} channel at {self.ip}:{self.ports[name]}: {err}"
+                ) from err
+            if port != self.ports[name]:
+                log.warning(
+                    "kernel %s: port %d of its %s channel was taken before the router bound it; it uses %d",
+                    self.kernel_id,
+                    self.ports[name],
+                    name,
+                    port,
+                )
+                self.ports = {**self.ports, name: port}
             self._sockets[name] = ClientSocket(sock, name, self.local_clients)
 
     def _replica_registered(self, registration: ReplicaRegistration) -> None:
