@@ -54,17 +54,32 @@ def _reply_status(reply: WireMessage) -> object:
 
 #: How many random ports in a kernel's port range the router tries when its chosen one was taken.
 PORT_TRIES = 100
+#: How long a port in use is tried again before another is taken: a restarted kernel binds its ports again, and
+#: the previous router's sockets are closed by ZMQ's I/O thread after their close() returned.
+PORT_FREED_WAIT_S = 0.5
 
 
-def bind_client_socket(sock: zmq.Socket[Any], ip: str, port: int, port_range: tuple[int, int] | None) -> int:
-    """Bind ``sock`` at ``ip:port``; when that port is in use and ``port_range`` is given, at a free port in
-    it instead ((0, 0): any). The port it bound at."""
-    try:
-        sock.bind(f"tcp://{ip}:{port}")
-        return port
-    except zmq.ZMQError as err:
-        if err.errno != zmq.EADDRINUSE or port_range is None:
-            raise
+async def bind_client_socket(
+    sock: zmq.Socket[Any],
+    ip: str,
+    port: int,
+    port_range: tuple[int, int] | None,
+    wait_s: float = PORT_FREED_WAIT_S,
+) -> int:
+    """Bind ``sock`` at ``ip:port``; when that port is still in use after ``wait_s`` and ``port_range`` is given,
+    at a free port in it instead ((0, 0): any). The port it bound at."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            sock.bind(f"tcp://{ip}:{port}")
+            return port
+        except zmq.ZMQError as err:
+            if err.errno != zmq.EADDRINUSE or (port_range is None and time.monotonic() >= deadline):
+                raise
+            if time.monotonic() >= deadline:
+                break
+        await asyncio.sleep(0.01)
+    assert port_range is not None
     lowest, highest = port_range
     if lowest == highest == 0:
         sock.bind(f"tcp://{ip}:*")
@@ -159,10 +174,11 @@ class RouterRelay(RouterState):
     async def bind(self, *, port_range: tuple[int, int] | None = None) -> None:
         """Bind the client-facing sockets at the kernel's connection info.
 
-        With ``port_range`` (a new kernel: no client has its connection info yet) a port that another process
-        took since the kernel manager picked it is replaced by a free one, in the range (lowest, highest) or
-        anywhere when that is (0, 0); ``self.ports`` then says which. Without it (a kernel re-attached after
-        a gateway restart: clients hold its ports) a taken port is an error."""
+        With ``port_range`` (a kernel starting or restarting: the kernel manager adopts the router's ports before
+        its clients connect) a port that another process took since the kernel manager picked it, and that is not
+        freed within ``PORT_FREED_WAIT_S``, is replaced by a free one, in the range (lowest, highest) or anywhere
+        when that is (0, 0); ``self.ports`` then says which. Without it (a kernel re-attached after a gateway
+        restart: EG adopts the ports of its record) a taken port is an error."""
         kinds = {
             "shell": zmq.ROUTER,
             "control": zmq.ROUTER,
@@ -178,7 +194,7 @@ class RouterRelay(RouterState):
             if kind == zmq.ROUTER:
                 sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
             try:
-                port = bind_client_socket(sock, self.ip, self.ports[name], port_range)
+                port = await bind_client_socket(sock, self.ip, self.ports[name], port_range)
             except zmq.ZMQBaseError as err:  # ZMQBindError (no free port in the range) is not a ZMQError
                 sock.close(0)
                 raise LaunchError(

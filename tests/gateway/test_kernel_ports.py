@@ -3,13 +3,16 @@
 Enterprise Gateway picks a kernel's five ports by binding free ones and letting them go; the router binds them
 later, after an etcd round trip. Kernels started at once (JupyterLab opening a workspace) can pick each other's
 ports meanwhile, and the second bind failed the kernel's start with HTTP 500 (``Address already in use``, seen in
-CI). A new kernel's router now takes another free port in the range and the kernel manager adopts it.
+CI). A new kernel's router now takes another free port in the range and the kernel manager adopts it; a port
+that is freed soon is kept (a restarted kernel binds its ports again while the previous router's sockets close).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,7 +72,7 @@ def _round_trip(ctx: zmq.Context[zmq.Socket[bytes]], server: zmq.Socket[bytes], 
 def test_a_free_port_binds_as_chosen(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
     lowest, highest = _free_range(4)
     server = ctx.socket(zmq.REP)
-    assert bind_client_socket(server, "127.0.0.1", lowest + 1, (lowest, highest)) == lowest + 1
+    assert asyncio.run(bind_client_socket(server, "127.0.0.1", lowest + 1, (lowest, highest))) == lowest + 1
     _round_trip(ctx, server, lowest + 1)
     server.close(0)
 
@@ -82,18 +85,29 @@ def test_a_taken_port_of_a_new_kernel_is_replaced_by_a_free_one_in_its_range(
     holder.bind(("127.0.0.1", lowest))
     holder.listen()
     server = ctx.socket(zmq.REP)
-    port = bind_client_socket(server, "127.0.0.1", lowest, (lowest, highest))
+    port = asyncio.run(bind_client_socket(server, "127.0.0.1", lowest, (lowest, highest), wait_s=0.05))
     assert port != lowest and lowest <= port <= highest
     _round_trip(ctx, server, port)
     server.close(0)
     holder.close()
 
 
+def test_a_port_freed_soon_is_kept(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    """A restarted kernel binds its ports again while ZMQ's I/O thread may still close the previous router's."""
+    holder = _taken()
+    taken = holder.getsockname()[1]
+    threading.Timer(0.1, holder.close).start()
+    server = ctx.socket(zmq.REP)
+    assert asyncio.run(bind_client_socket(server, "127.0.0.1", taken, (0, 0), wait_s=5)) == taken
+    _round_trip(ctx, server, taken)
+    server.close(0)
+
+
 def test_with_no_range_configured_any_free_port_replaces_a_taken_one(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
     holder = _taken()
     taken = holder.getsockname()[1]
     server = ctx.socket(zmq.REP)
-    port = bind_client_socket(server, "127.0.0.1", taken, (0, 0))
+    port = asyncio.run(bind_client_socket(server, "127.0.0.1", taken, (0, 0), wait_s=0))
     assert port not in (0, taken)
     _round_trip(ctx, server, port)
     server.close(0)
@@ -104,7 +118,7 @@ def test_a_taken_port_that_must_stay_is_an_error(ctx: zmq.Context[zmq.Socket[byt
     holder = _taken()
     server = ctx.socket(zmq.REP)
     with pytest.raises(zmq.ZMQError) as caught:
-        bind_client_socket(server, "127.0.0.1", holder.getsockname()[1], None)
+        asyncio.run(bind_client_socket(server, "127.0.0.1", holder.getsockname()[1], None, wait_s=0.05))
     assert caught.value.errno == zmq.EADDRINUSE
     server.close(0)
     holder.close()
@@ -120,7 +134,7 @@ def test_a_range_with_no_free_port_left_is_an_error(ctx: zmq.Context[zmq.Socket[
         holders.append(holder)
     server = ctx.socket(zmq.REP)
     with pytest.raises(zmq.ZMQBindError):
-        bind_client_socket(server, "127.0.0.1", lowest, (lowest, highest))
+        asyncio.run(bind_client_socket(server, "127.0.0.1", lowest, (lowest, highest), wait_s=0))
     server.close(0)
     for holder in holders:
         holder.close()
