@@ -88,6 +88,26 @@ async def bind_client_socket(
     return int(sock.bind_to_random_port(f"tcp://{ip}", lowest, highest + 1, PORT_TRIES))
 
 
+#: Per kernel id: its clients in this process (websocket connections) that take its router's messages in-process.
+#: It outlives a router: a kernel restarted replaces its router, and the connections stay (see local_clients_of).
+_LOCAL_CLIENTS: dict[str, weakref.WeakSet[LocalClient]] = {}
+
+
+def local_clients_of(kernel_id: str) -> weakref.WeakSet[LocalClient]:
+    """The kernel's local clients: every router the kernel gets (a restart makes a new one) hands them its messages."""
+    clients = _LOCAL_CLIENTS.get(kernel_id)
+    if clients is None:
+        clients = _LOCAL_CLIENTS[kernel_id] = weakref.WeakSet()
+    return clients
+
+
+def forget_local_clients(kernel_id: str) -> None:
+    """Drop the kernel's entry once no client is left in it (a kernel shut down, its last connection closed)."""
+    clients = _LOCAL_CLIENTS.get(kernel_id)
+    if clients is not None and not clients:
+        del _LOCAL_CLIENTS[kernel_id]
+
+
 class LocalClient(Protocol):
     """A client of the kernel in this process (the gateway's websocket connection, see gateway/websocket.py)."""
 

@@ -58,7 +58,14 @@ from jupyter_notebookos.gateway.cells import (
 )
 from jupyter_notebookos.gateway.commit import CellCommits
 from jupyter_notebookos.gateway.ledger import LedgerReleases
-from jupyter_notebookos.gateway.relay import ClientSocket, LocalClient, ReplicaLink, RouterRelay
+from jupyter_notebookos.gateway.relay import (
+    ClientSocket,
+    LocalClient,
+    ReplicaLink,
+    RouterRelay,
+    forget_local_clients,
+    local_clients_of,
+)
 from jupyter_notebookos.gateway.replicas import KernelReplicas
 from jupyter_notebookos.gateway.replicaset import ReplicaSetView
 from jupyter_notebookos.gateway.routerstate import log
@@ -137,7 +144,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         self._stdin_owner: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._sockets: dict[str, ClientSocket] = {}
-        self.local_clients: weakref.WeakSet[LocalClient] = weakref.WeakSet()
+        self.local_clients: weakref.WeakSet[LocalClient] = local_clients_of(kernel_id)
         self._watches: list[Any] = []
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -263,6 +270,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         for sock in self._sockets.values():
             sock.close(0)
         self._sockets.clear()
+        forget_local_clients(self.kernel_id)  # (connections still open keep it for the kernel's next router)
         self.stopped.set()
 
     def _replica_gone(self, rid: str, why: str) -> None:

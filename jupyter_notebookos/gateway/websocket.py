@@ -92,6 +92,7 @@ from jupyter_server.services.kernels.handlers import ZMQChannelsHandler as Serve
 from jupyter_server.services.kernels.handlers import _kernel_id_regex
 from jupyter_server.utils import url_path_join
 
+from jupyter_notebookos.gateway.relay import forget_local_clients, local_clients_of
 from jupyter_notebookos.gateway.wire import MalformedMessage, WireMessage
 
 WS_V1 = "v1.kernel.websocket.jupyter.org"
@@ -320,7 +321,8 @@ class KernelChannelsHandler(ZMQChannelsHandler):
 
     def _take_messages_in_process(self) -> None:
         """This connection holds the session's streams now: the kernel's router, if it runs in this process,
-        hands it its messages in-process from now on (see deliver_from_kernel)."""
+        hands it its messages in-process from now on (see deliver_from_kernel), and so does the router a restart
+        of the kernel makes (they share the kernel's ``local_clients_of``)."""
         router = self._router()
         if router is not None:
             router.local_clients.add(self)
@@ -369,6 +371,10 @@ class KernelChannelsHandler(ZMQChannelsHandler):
         if key is not None and not standby:
             self._standby.pop(key, None)
         km = self.kernel_manager
+        kernel_id = getattr(self, "kernel_id", None)
+        if kernel_id is not None and kernel_id not in km:  # the kernel is gone: no router of it will come again
+            local_clients_of(kernel_id).discard(self)
+            forget_local_clients(kernel_id)
         holds = key is not None and self._open_sessions.get(key) is self  # only an opened connection holds them
         heir = standby[-1] if holds and standby and self.channels and self.kernel_id in km else None
         if holds and heir is None:

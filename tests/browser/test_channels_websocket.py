@@ -283,6 +283,38 @@ def test_a_notebookos_kernels_messages_reach_its_websockets_in_process_once_and_
         shutdown_kernel(url, token, kernel)
 
 
+def test_a_notebookos_kernels_websocket_keeps_taking_its_messages_in_process_across_a_restart(
+    shared_up: Platform,
+) -> None:
+    """A restart replaces the kernel's router, and the client's websocket stays open (JupyterLab keeps it): the new
+    router hands that connection its messages in-process too, each once and in order."""
+    url, token = shared_up.url, shared_up.token
+    kernel = start_kernel(url, token, "python3-notebookos")
+    try:
+        client = KernelSocket(url, token, kernel, timeout=60)
+        try:
+            client.execute("x = 1", timeout=60)
+            refused = _refused_copies(shared_up)
+            response = requests.post(
+                f"{url}/api/kernels/{kernel}/restart", headers={"Authorization": f"token {token}"}, timeout=120
+            )
+            response.raise_for_status()
+            before = _in_process(url, token, kernel)  # the new router's count
+            burst = "import sys\nprint('x' in globals())\nfor i in range(50):\n    print(i)\n    sys.stdout.flush()"
+            messages, _ = client.execute(burst, timeout=60)
+            assert stdout_of(messages) == "False\n" + "".join(f"{i}\n" for i in range(50))
+            kinds = [m["header"]["msg_type"] for m in messages]
+            assert kinds.count("execute_reply") == 1 and kinds.count("execute_input") == 1
+            assert _in_process(url, token, kernel) - before >= kinds.count("stream") + 3
+            assert _late(client, {messages[0]["parent_header"]["msg_id"]}) == []
+            assert _refused_copies(shared_up) == refused
+        finally:
+            with contextlib.suppress(Exception):
+                client.close()
+    finally:
+        shutdown_kernel(url, token, kernel)
+
+
 def test_gateway_app_serves_kernel_channels_with_our_handler() -> None:
     from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
     from jupyter_notebookos.gateway.ownership import IdentifiedHandlerMixin
