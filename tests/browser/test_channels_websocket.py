@@ -322,14 +322,14 @@ def test_a_reconnect_while_a_notebookos_cell_prints_keeps_its_output_in_order(sh
     connection are lost, as with a plain kernel: one run of them, right after the last line the client read."""
     url, token = shared_up.url, shared_up.token
     kernel = start_kernel(url, token, "python3-notebookos")
-    lines = 3000
+    lines = 2000
     printer = (
         f"import sys, time\nfor i in range({lines}):\n    print(i)\n    sys.stdout.flush()\n    time.sleep(0.0002)"
     )
     try:
         client = KernelSocket(url, token, kernel, timeout=60)
         client.execute("1", timeout=60)
-        for _ in range(6):
+        for _ in range(5):
             msg_id = client.send("execute_request", {"code": printer, "silent": False})
             read: list[str] = []
             deadline = time.monotonic() + 0.3
