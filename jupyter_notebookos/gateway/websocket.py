@@ -276,13 +276,12 @@ class KernelChannelsHandler(ZMQChannelsHandler):
         connection is up (the router's replies reach it); but the ZMQ copy of a message the router handed over
         in-process already (see deliver_from_kernel) is dropped."""
         handed: OrderedDict[bytes, None] | None = getattr(stream, "notebookos_handed", None)
-        if handed:
-            header = _header_frame(msg_list)
-            if header is not None and header in handed:
-                del handed[header]
-                return
         latest = getattr(stream, "notebookos_latest", None)
-        if latest is not None and _header_frame(msg_list) == latest:
+        header = _header_frame(msg_list) if handed or latest is not None else None
+        if handed and header is not None and header in handed:
+            del handed[header]
+            return
+        if latest is not None and header == latest:
             # The router's latest message to this stream came over ZMQ: nothing older is on its way any more.
             stream.notebookos_latest = None
             stream.notebookos_direct = True
