@@ -83,15 +83,38 @@ class KernelSocket:
         msg_id = self.send("execute_request", {"code": code, "silent": False, "store_history": False})
         return self.collect(msg_id, timeout), time.monotonic() - started
 
+    def receive(self, timeout: float) -> dict[str, Any] | None:
+        """The next kernel message, or None if none comes within ``timeout`` seconds. (A plain ``ws.recv()`` with a
+        socket timeout can wait for ever: the gateway pings every 30 s, and each frame restarts the timeout.)"""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            self.ws.settimeout(left)
+            try:
+                opcode, data = self.ws.recv_data(control_frame=True)
+            except websocket.WebSocketTimeoutException:
+                return None
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                raise ConnectionError("the gateway closed the websocket")
+            if opcode in (websocket.ABNF.OPCODE_TEXT, websocket.ABNF.OPCODE_BINARY):
+                return dict(json.loads(data))
+        return None
+
     def collect(self, msg_id: str, timeout: float = 30) -> list[dict[str, Any]]:
         """The messages answering request `msg_id` (sent on this or an earlier connection of this session),
-        until both its reply and its iopub idle status have arrived."""
+        until both its reply and its iopub idle status have arrived; TimeoutError (saying what came) if they do
+        not within ``timeout`` seconds."""
         messages: list[dict[str, Any]] = []
         replied = idle = False
         deadline = time.monotonic() + timeout
         while not (replied and idle):
-            self.ws.settimeout(max(0.01, deadline - time.monotonic()))
-            msg = json.loads(self.ws.recv())
+            msg = self.receive(deadline - time.monotonic())
+            if msg is None:
+                kinds = [m["header"]["msg_type"] for m in messages]
+                others = [k for k in kinds if k != "stream"]
+                raise TimeoutError(
+                    f"no {'idle' if replied else 'reply'} of {msg_id} within {timeout} s; its messages that came: "
+                    f"{len(kinds)}, {kinds.count('stream')} of them stream, the others {others}"
+                )
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             messages.append(msg)
