@@ -78,6 +78,14 @@ a reconnect while a cell printed could get newer output before older output stil
 them: a NotebookOS kernel's output reaches the client later (3000 flushed lines: the client had the last one
 1.7-2.1 s after the request, 1.0-1.1 s from a plain kernel; the replica itself took 1.2 s against 0.7-0.9 s).
 
+**A restart may move a NotebookOS kernel to other ports** (its router binds other ones when one was taken meanwhile,
+see relay.bind_client_socket). The stock handler notices that only when it restores a buffered session, and only
+the first time it asks the kernel manager (``ports_changed`` says so once per kernel). Here every connection's
+streams note the port they connect to; streams a connection takes from another, restores from the buffer or kept
+open through the restart (checked when its client speaks) are replaced by new ones at the kernel's ports when they
+are stale. JupyterLab reconnects after a restart for this reason, and the gateway may see its new connection open
+before the old one closes: before, the new one took the old one's streams, and its cells never ran.
+
 `handler_overrides()` lists the URL patterns this module serves, for the gateway app to install in place of
 EG's own handler (see `install_overrides`).
 """
@@ -149,6 +157,7 @@ class KernelChannelsHandler(ZMQChannelsHandler):
         holder = self._open_sessions.get(self.session_key)
         if holder is None or holder is self or not holder.channels or kernel_id not in self.kernel_manager:
             # The stock way: restore a buffered session, or new streams; then nudge the kernel.
+            self._renew_buffered_streams()
             connected = super().open(kernel_id)
             if kernel_id in self.kernel_manager and self.channels:
                 self._open_sessions[self.session_key] = self
@@ -180,11 +189,15 @@ class KernelChannelsHandler(ZMQChannelsHandler):
     def _take_streams_from(self, holder: KernelChannelsHandler) -> None:
         """Serve the session from now on with ``holder``'s streams; ``holder`` goes on standby."""
         channels, holder.channels = holder.channels, {}
-        for stream in channels.values():
-            stream.on_recv_stream(self._on_zmq_reply)
-        self.channels = channels
+        fresh = self._stale(channels)
+        if fresh:
+            self._renew_streams(channels)
+        else:
+            for stream in channels.values():
+                stream.on_recv_stream(self._on_zmq_reply)
+            self.channels = channels
         self._open_sessions[self.session_key] = self
-        self._take_messages_in_process()
+        self._take_messages_in_process(fresh=fresh)
         self._proven = holder._proven = False
         standby = self._standby.setdefault(self.session_key, [])
         if self in standby:
@@ -203,6 +216,9 @@ class KernelChannelsHandler(ZMQChannelsHandler):
             for other in self._standby.pop(self.session_key, []):
                 if other is not self:
                     other.close()  # abandoned: it waits for a close frame its peer never sends (tornado: 5 s)
+        if self.channels and self._stale(self.channels):  # kept open through a restart that moved the kernel
+            self._renew_streams(self.channels)
+            self._take_messages_in_process(fresh=True)
         try:
             direct = self._forward(ws_msg)
             if direct is not None:
@@ -335,17 +351,68 @@ class KernelChannelsHandler(ZMQChannelsHandler):
             handed.popitem(last=False)  # its copy never came (a subscription not in place yet)
         return True
 
-    def _take_messages_in_process(self) -> None:
+    def _take_messages_in_process(self, fresh: bool = False) -> None:
         """This connection holds the session's streams now: the kernel's router, if it runs in this process,
         hands it its messages in-process from now on (see deliver_from_kernel), and so does the router a restart
-        of the kernel makes (they share the kernel's ``local_clients_of``)."""
+        of the kernel makes (they share the kernel's ``local_clients_of``). ``fresh``: the streams were just
+        created, so nothing is on its way over them and in-process delivery starts at once."""
         router = self._router()
         if router is not None:
             router.local_clients.add(self)
         iopub = self.channels.get("iopub")
         if iopub is not None:  # in-process once what is on its way over ZMQ came through (deliver_from_kernel)
-            iopub.notebookos_direct = False
+            iopub.notebookos_direct = fresh
             iopub.notebookos_latest = None
+
+    def create_stream(self) -> None:
+        """The stock streams, each noting the kernel's port it connects to (see _stale)."""
+        super().create_stream()
+        kernel = self.kernel_manager.get_kernel(self.kernel_id)
+        for name, stream in self.channels.items():
+            stream.notebookos_port = getattr(kernel, f"{name}_port", None)
+
+    def _stale(self, channels: dict[str, Any]) -> bool:
+        """Whether ``channels`` connect to ports the kernel no longer listens at: a restart moved its router
+        (relay.bind_client_socket binds other ports when one was taken meanwhile)."""
+        try:
+            kernel = self.kernel_manager.get_kernel(self.kernel_id)
+        except KeyError:
+            return False
+        for name, stream in channels.items():
+            port = getattr(stream, "notebookos_port", None)
+            if port is not None and port != getattr(kernel, f"{name}_port", port):
+                return True
+        return False
+
+    def _renew_streams(self, stale: dict[str, Any]) -> None:
+        """This connection's streams: new ones, at the kernel's ports, in place of ``stale`` (closed). What the
+        kernel sent before the restart over ``stale`` is lost with it; its router was replaced anyway."""
+        _close(stale)
+        self.channels = {}
+        self.create_stream()
+        for stream in self.channels.values():
+            stream.on_recv_stream(self._on_zmq_reply)
+        # The kernel manager's record of the ports, which the stock open checks a restored session against.
+        self.kernel_manager.ports_changed(self.kernel_id)
+        self._say_moved()
+
+    def _say_moved(self) -> None:
+        self.log.info(
+            "Kernel %s listens at other ports since its restart: %s connects there", self.kernel_id, self.session_key
+        )
+
+    def _renew_buffered_streams(self) -> None:
+        """The session's buffered streams (its last connection closed), if a restart moved the kernel since, are
+        replaced by new ones before the stock open restores them: the stock open checks the kernel manager's
+        ``ports_changed``, which says so only once per kernel (to whichever connection asks first)."""
+        buffered = getattr(self.kernel_manager, "_kernel_buffers", {}).get(self.kernel_id)
+        if not buffered or buffered.get("session_key") != self.session_key or not self._stale(buffered["channels"]):
+            return
+        _close(buffered["channels"])
+        self.kernel_manager.ports_changed(self.kernel_id)  # said now: the stock open takes the new streams below
+        self.create_stream()
+        buffered["channels"], self.channels = self.channels, {}
+        self._say_moved()
 
     def _router(self) -> Any:
         """This kernel's router, when it runs in this process (a NotebookOS kernel), else None."""
@@ -373,10 +440,7 @@ class KernelChannelsHandler(ZMQChannelsHandler):
     def nudge(self) -> Any:
         """Nudge the kernel as the stock handler does, after making sure every channel is open."""
         if any(name not in self.channels or self.channels[name].closed() for name in CHANNELS):
-            for stream in self.channels.values():
-                if not stream.closed():
-                    stream.on_recv(None)
-                    stream.close()
+            _close(self.channels)
             self.channels = {}
             self.create_stream()
         return super().nudge()
@@ -406,13 +470,18 @@ class KernelChannelsHandler(ZMQChannelsHandler):
             km.notify_disconnect(self.kernel_id)
             km.remove_restart_callback(self.kernel_id, self.on_kernel_restarted)
             km.remove_restart_callback(self.kernel_id, self.on_restart_failed, "dead")
-        for stream in self.channels.values():
-            if not stream.closed():
-                stream.on_recv(None)
-                stream.close()
+        _close(self.channels)
         self.channels = {}
         if not self._close_future.done():
             self._close_future.set_result(None)
+
+
+def _close(channels: dict[str, Any]) -> None:
+    """Close the ZMQ streams of ``channels`` (their receivers unhooked first)."""
+    for stream in channels.values():
+        if not stream.closed():
+            stream.on_recv(None)
+            stream.close()
 
 
 def _header_frame(msg_list: list[bytes]) -> bytes | None:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import socket
 import statistics
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,7 +29,7 @@ from kernel_socket import (
     stdout_of,
 )
 from lab_stack import Service
-from support import Platform
+from support import Platform, etcd_admin, wait_for
 
 # A trivial cell takes ~9 ms with TCP_NODELAY and ~48 ms without: without it *every* cell waits on a delayed
 # ACK (>= 40 ms on Linux), so even stock EG's fastest cells take > 43 ms (measured: never less in 600 cells).
@@ -381,3 +383,88 @@ def _eg_channels_route(base_url: str) -> list[tuple[str, type]]:
     from jupyter_server.utils import url_path_join
 
     return [(url_path_join("/", base_url, p), c) for p, c in default_handlers if p.endswith("/channels")]
+
+
+def _kernel_ports(platform: Platform, kernel: str) -> dict[str, int]:
+    """The ports of the kernel's router, from its etcd record."""
+    records = etcd_admin(platform, read=f"/kernels/{kernel}")
+    return dict(json.loads(records[f"/notebookos/kernels/{kernel}"])["ports"])
+
+
+@contextlib.contextmanager
+def _port_taken_once_freed(port: int) -> Iterator[threading.Event]:
+    """Take ``port`` (listening, on every address) as soon as whoever holds it lets it go, and hold it; the event is
+    set once taken."""
+    taken, stop = threading.Event(), threading.Event()
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the old router's connections in TIME_WAIT
+
+    def grab() -> None:
+        while not stop.is_set():
+            try:
+                holder.bind(("", port))
+            except OSError:
+                time.sleep(0.001)
+                continue
+            holder.listen()
+            taken.set()
+            return
+
+    thread = threading.Thread(target=grab, daemon=True)
+    thread.start()
+    try:
+        yield taken
+    finally:
+        stop.set()
+        thread.join(5)
+        holder.close()
+
+
+def _restart_with_the_shell_port_taken(platform: Platform, kernel: str) -> dict[str, int]:
+    """Restart the kernel while its shell port goes to someone else (its router then binds other ports, as when
+    another kernel's launch took the port meanwhile); the router's new ports."""
+    url, token = platform.url, platform.token
+    before = _kernel_ports(platform, kernel)
+    with _port_taken_once_freed(before["shell"]) as taken:
+        response = requests.post(
+            f"{url}/api/kernels/{kernel}/restart", headers={"Authorization": f"token {token}"}, timeout=120
+        )
+        response.raise_for_status()
+        assert taken.wait(5), "the test did not get the kernel's shell port"
+        after = _kernel_ports(platform, kernel)
+    assert after["shell"] != before["shell"]
+    return after
+
+
+def test_connections_of_a_notebookos_kernel_restarted_on_other_ports_use_the_new_ports(shared_up: Platform) -> None:
+    """A restart may bind the kernel's router at other ports (one was taken meanwhile; relay.bind_client_socket).
+    A connection that takes the session's streams from one opened before (JupyterLab reconnects after a restart,
+    and the gateway may see the new connection open before the old one closes), and one kept open through the
+    restart, must reach the kernel at its new ports: before, both kept ZMQ streams to the old ports, and their
+    cells never ran (no reply, no output). So must a session restored from the gateway's buffer."""
+    url, token = shared_up.url, shared_up.token
+    kernel = start_kernel(url, token, "python3-notebookos")
+    try:
+        first = KernelSocket(url, token, kernel, timeout=60)
+        first.execute("x = 1", timeout=60)
+        _restart_with_the_shell_port_taken(shared_up, kernel)
+        # JupyterLab's reconnect, with the old connection still open at the gateway: the new one takes its streams.
+        second = KernelSocket(url, token, kernel, first.session_id, timeout=60)
+        messages, _ = second.execute("print('x' in globals())", timeout=30)
+        assert stdout_of(messages) == "False\n"
+        first.close()
+        # A client that keeps its websocket through the restart.
+        _restart_with_the_shell_port_taken(shared_up, kernel)
+        messages, _ = second.execute("print(6 * 7)", timeout=30)
+        assert stdout_of(messages) == "42\n"
+        assert _late(second, {messages[0]["parent_header"]["msg_id"]}) == []
+        # A session whose last connection closed before the restart (the gateway buffers it), restored after.
+        second.close()
+        wait_for(lambda: connections(url, token, kernel) == 0, 10, "the gateway to see the connection closed")
+        _restart_with_the_shell_port_taken(shared_up, kernel)
+        third = KernelSocket(url, token, kernel, first.session_id, timeout=60)
+        messages, _ = third.execute("print(7 * 6)", timeout=30)
+        assert stdout_of(messages) == "42\n"
+        third.close()
+    finally:
+        shutdown_kernel(url, token, kernel)
