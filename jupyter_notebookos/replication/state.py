@@ -705,8 +705,9 @@ class StateTracker:
             else:
                 queue.extend(n for n in reached if n in present and n not in prints)
         scanned = set(prints)
-        owner: dict[int, str] = {}
         parent: dict[str, str] = {}
+        held: dict[str, set[int] | frozenset[int]] = {}  # per name: the ids of the objects it holds
+        everyone: set[int] = set()  # the ids held by the names so far
         several: set[int] = set()  # ids reached from more than one name
 
         def find(name: str) -> str:
@@ -715,27 +716,31 @@ class StateTracker:
                 name = parent[name]
             return name
 
+        # Set operations, not a loop over every id: a list of a million dicts is a million ids.
         for name in names:
             if name in scanned:
                 now = prints[name]
                 if now.digest is None and now.error is None and now.pending is None:
                     parent[name] = name
                     continue  # immutable atom or module: never shared state
-                oids: Iterable[int] = ids_of[name] or [id(self.user_ns[name])]
+                oids: set[int] | frozenset[int] = set(ids_of[name]) or {id(self.user_ns[name])}
             else:
                 assert baseline is not None
                 now = prints[name] = baseline[name]
                 oids = now.shared
             parent[name] = name
-            for oid in oids:
-                other = owner.setdefault(oid, name)
-                if other != name:
-                    several.add(oid)
-                    a, b = find(other), find(name)
-                    if a != b:
-                        parent[b] = a
+            if not everyone.isdisjoint(oids):
+                common = everyone.intersection(oids)
+                several |= common
+                for other, theirs in held.items():
+                    if not theirs.isdisjoint(common):
+                        a, b = find(other), find(name)
+                        if a != b:
+                            parent[b] = a
+            everyone |= oids
+            held[name] = oids
         for name in scanned:
-            mine = frozenset(oid for oid in ids_of[name] if oid in several)
+            mine = frozenset(several.intersection(ids_of[name]))
             if mine != prints[name].shared:
                 prints[name] = dataclasses.replace(prints[name], shared=mine)
         keep.clear()
