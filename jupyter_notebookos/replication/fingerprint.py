@@ -176,8 +176,8 @@ def fingerprint(
         return Fingerprint(id(value), t, None)
     if value is namespace:
         return Fingerprint(id(value), t, b"namespace")
-    if t in _PLAIN_CONTAINERS and (abort is None or not abort.is_set()):
-        plain = _plain_fingerprint(value)
+    if t in _PLAIN_CONTAINERS:
+        plain = _plain_fingerprint(value, abort)
         if plain is not None:
             if shared_ids is not None:
                 shared_ids.extend(plain[1])
@@ -298,7 +298,7 @@ _is_plain_atom = _PLAIN_ATOMS.__contains__
 _is_mutable = _PLAIN_MUTABLE.__contains__
 
 
-def _plain_fingerprint(value: Any) -> tuple[bytes, list[int]] | None:
+def _plain_fingerprint(value: Any, abort: threading.Event | None = None) -> tuple[bytes, list[int]] | None:
     """The digest of a value made of builtin containers and atoms only, and the ids of the mutable containers in
     it (for sharing between names); None for any other value (it takes the pickler's way).
 
@@ -307,11 +307,17 @@ def _plain_fingerprint(value: Any) -> tuple[bytes, list[int]] | None:
     ``marshal`` serializes it (all of its content, exact types, and which containers it holds twice; a bytearray,
     which marshal writes as bytes, is not plain), and the containers are found level by level with C-speed
     iteration. Equal content may marshal differently (a set's order, a container referenced from elsewhere), which
-    only makes the value look changed; changed content never marshals the same."""
+    only makes the value look changed; changed content never marshals the same.
+
+    ``abort`` (set from another thread) is checked before each level and before marshalling: marshal is one C call
+    (0.14 s for a million small dicts), so a request stops a verification of such a value later than the pickler's
+    64 KiB frames would (see state.py, verify)."""
     mutable: list[int] = []
     seen: set[int] = set()
     level: list[Any] = [value]
     while level:
+        if abort is not None and abort.is_set():
+            raise FingerprintAborted()
         kinds = set(map(type, level))
         if not kinds <= _PLAIN_CONTAINERS:
             return None  # an object of another type, bytearray and subclasses of the builtins included
@@ -333,6 +339,8 @@ def _plain_fingerprint(value: Any) -> tuple[bytes, list[int]] | None:
         else:
             members = list(itertools.chain.from_iterable(c.values() if type(c) is dict else c for c in level))
         level = list(itertools.compress(members, map(operator.not_, map(_is_plain_atom, map(type, members)))))
+    if abort is not None and abort.is_set():
+        raise FingerprintAborted()
     try:
         data = marshal.dumps(value)
     except (ValueError, RecursionError):

@@ -97,3 +97,12 @@ def test_only_plain_data_skips_the_pickler(monkeypatch):
         picked.clear()
         fp.fingerprint(other, ns)
         assert picked == [other], other
+
+
+def test_a_verification_of_plain_data_stops_when_asked():
+    """The idle verification fingerprints in a thread that a request stops (its abort event): the plain path
+    checks it too."""
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(fp.FingerprintAborted):
+        fp.fingerprint([{"a": [1]} for _ in range(10)], {}, abort=stop)
