@@ -175,6 +175,10 @@ class ReplicaLink:
         self.iopub = ctx.socket(zmq.SUB)
         self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
         self.iopub.setsockopt(zmq.LINGER, 0)
+        # No high-water mark: ZMQ's PUB/SUB drops what exceeds it (1000 messages each side by default), silently.
+        # A cell printing faster than the router forwards (a loaded gateway) lost lines and its idle, and its
+        # client then waited for ever; unbounded, ZMQ's I/O thread keeps reading the replica's output.
+        self.iopub.setsockopt(zmq.RCVHWM, 0)
         self.shell.connect(base + str(registration.shell_port))
         self.stdin.connect(base + str(registration.stdin_port))
         self.control.connect(base + str(registration.control_port))

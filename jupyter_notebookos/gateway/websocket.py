@@ -293,9 +293,14 @@ class KernelChannelsHandler(ZMQChannelsHandler):
         in-process already (see deliver_from_kernel) is dropped."""
         handed: OrderedDict[bytes, None] | None = getattr(stream, "notebookos_handed", None)
         latest = getattr(stream, "notebookos_latest", None)
-        header = _header_frame(msg_list) if handed or latest is not None else None
+        wire = _parse(msg_list) if handed is not None or latest is not None else None
+        header = wire.header_frame if wire is not None else None
         if handed and header is not None and header in handed:
             del handed[header]
+            return
+        if handed is not None and wire is not None and wire.signature in self.session.digest_history:
+            # A copy whose header was no longer kept (a burst of more than HANDED_KEPT messages, as when the gateway
+            # stalled): this connection's session had the message in-process, and would refuse it with an error.
             return
         if latest is not None and header == latest:
             # The router's latest message to this stream came over ZMQ: nothing older is on its way any more.
@@ -484,12 +489,18 @@ def _close(channels: dict[str, Any]) -> None:
             stream.close()
 
 
-def _header_frame(msg_list: list[bytes]) -> bytes | None:
-    """The header frame of a kernel message's frames (what tells two messages apart), or None if they are not one."""
+def _parse(msg_list: list[bytes]) -> WireMessage | None:
+    """A kernel message's frames, split; None if they are not one."""
     try:
-        return WireMessage.parse(msg_list).header_frame
+        return WireMessage.parse(msg_list)
     except MalformedMessage:
         return None
+
+
+def _header_frame(msg_list: list[bytes]) -> bytes | None:
+    """The header frame of a kernel message's frames (what tells two messages apart), or None if they are not one."""
+    wire = _parse(msg_list)
+    return None if wire is None else wire.header_frame
 
 
 class _Frames:

@@ -20,6 +20,7 @@ import time
 from typing import Any, cast
 
 import psutil
+import zmq
 from ipykernel.kernelapp import IPKernelApp
 from tornado import ioloop
 from traitlets import Type
@@ -118,6 +119,19 @@ class ReplicaApp(IPKernelApp):
         )
         self._log_revision = kernel.restore()
         signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def init_iopub(self, context: Any) -> None:
+        """ipykernel's iopub channel, whose PUB socket has no high-water mark: ZMQ drops, silently, what a PUB socket
+        holds beyond it (1000 messages) for a subscriber that does not keep up. The router is this socket's
+        subscriber, and when the gateway stalls (a loaded machine, a pause) a cell printing fast lost lines and its
+        idle, and its client waited for ever. Unbounded, the replica holds what the router has yet to read. (A
+        bound socket's connections take the options it had when it was bound: so the context's default, for the
+        socket ipykernel creates and binds here, and only for it.)"""
+        context.setsockopt(zmq.SNDHWM, 0)
+        try:
+            super().init_iopub(context)
+        finally:
+            context.sockopts.pop(zmq.SNDHWM, None)
 
     def start(self) -> None:
         """Go live (watch the log, register) once the loop runs, then serve."""
