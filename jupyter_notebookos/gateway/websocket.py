@@ -111,7 +111,8 @@ from jupyter_notebookos.gateway.wire import MalformedMessage, WireMessage
 
 WS_V1 = "v1.kernel.websocket.jupyter.org"
 #: Messages handed over in-process whose ZMQ copy a stream still waits for, at most (older ones are forgotten: more
-#: than ZMQ keeps queued between a PUB and a SUB socket, 1000 each way by default, so none still comes).
+#: than ZMQ keeps queued between a PUB and a SUB socket, 1000 each way by default, though TCP buffers hold more; a
+#: copy that still comes is known by its signature, which the connection's session has seen: _on_zmq_reply).
 HANDED_KEPT = 4096
 
 
