@@ -66,15 +66,20 @@ def brokered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         up = start_platform(state_dir, *args, "--gateway-option", "NotebookOSGatewayApp.object_store_access=broker")
         stack.callback(stop_platform, up)
         root = up.state_dir / "objects" / "kernels"
-        yield Brokered(
-            up,
-            lambda k: sorted(
-                f.relative_to(root / k).as_posix()
-                for f in (root / k).rglob("*")
-                if f.is_file() and ".tmp-" not in f.name
-            ),
-            lambda k, key: f"{up.url}/api/notebookos/kernels/{k}/objects/data/{key}",
-        )
+
+        def stored(k: str) -> list[str]:
+            """The kernel's objects in the store; a walk that meets a directory as it is deleted looks again (CI,
+            2026-12-06: FileNotFoundError from rglob while the gateway deleted the kernel's prefix)."""
+            for _ in range(100):
+                with contextlib.suppress(FileNotFoundError):
+                    return sorted(
+                        f.relative_to(root / k).as_posix()
+                        for f in (root / k).rglob("*")
+                        if f.is_file() and ".tmp-" not in f.name
+                    )
+            raise AssertionError(f"the store's directory of kernel {k} kept changing under the walk")
+
+        yield Brokered(up, stored, lambda k, key: f"{up.url}/api/notebookos/kernels/{k}/objects/data/{key}")
 
 
 def test_state_lives_under_the_kernels_prefix_and_a_replacement_restores_it(brokered: Brokered) -> None:
