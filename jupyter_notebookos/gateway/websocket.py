@@ -190,15 +190,14 @@ class KernelChannelsHandler(ZMQChannelsHandler):
     def _take_streams_from(self, holder: KernelChannelsHandler) -> None:
         """Serve the session from now on with ``holder``'s streams; ``holder`` goes on standby."""
         channels, holder.channels = holder.channels, {}
-        fresh = self._stale(channels)
-        if fresh:
+        if self._stale(channels):
             self._renew_streams(channels)
         else:
             for stream in channels.values():
                 stream.on_recv_stream(self._on_zmq_reply)
             self.channels = channels
+            self._take_messages_in_process()
         self._open_sessions[self.session_key] = self
-        self._take_messages_in_process(fresh=fresh)
         self._proven = holder._proven = False
         standby = self._standby.setdefault(self.session_key, [])
         if self in standby:
@@ -219,7 +218,6 @@ class KernelChannelsHandler(ZMQChannelsHandler):
                     other.close()  # abandoned: it waits for a close frame its peer never sends (tornado: 5 s)
         if self.channels and self._stale(self.channels):  # kept open through a restart that moved the kernel
             self._renew_streams(self.channels)
-            self._take_messages_in_process(fresh=True)
         try:
             direct = self._forward(ws_msg)
             if direct is not None:
@@ -391,34 +389,35 @@ class KernelChannelsHandler(ZMQChannelsHandler):
         return False
 
     def _renew_streams(self, stale: dict[str, Any]) -> None:
-        """This connection's streams: new ones, at the kernel's ports, in place of ``stale`` (closed). What the
-        kernel sent before the restart over ``stale`` is lost with it; its router was replaced anyway."""
-        _close(stale)
-        self.channels = {}
-        self.create_stream()
+        """This connection's streams: new ones, at the kernel's ports, in place of ``stale``, taking messages
+        in-process at once (nothing is on its way over new streams). What the kernel sent before the restart over
+        ``stale`` is lost with it; its router was replaced anyway."""
+        self._replace_streams(stale)
         for stream in self.channels.values():
             stream.on_recv_stream(self._on_zmq_reply)
-        # The kernel manager's record of the ports, which the stock open checks a restored session against.
-        self.kernel_manager.ports_changed(self.kernel_id)
-        self._say_moved()
-
-    def _say_moved(self) -> None:
-        self.log.info(
-            "Kernel %s listens at other ports since its restart: %s connects there", self.kernel_id, self.session_key
-        )
+        self._take_messages_in_process(fresh=True)
 
     def _renew_buffered_streams(self) -> None:
         """The session's buffered streams (its last connection closed), if a restart moved the kernel since, are
         replaced by new ones before the stock open restores them: the stock open checks the kernel manager's
-        ``ports_changed``, which says so only once per kernel (to whichever connection asks first)."""
+        ``ports_changed``, which says so only once per kernel (to whichever connection asks first). The new ones get
+        no receiver here: the stock open hooks them up after it replays the buffer."""
         buffered = getattr(self.kernel_manager, "_kernel_buffers", {}).get(self.kernel_id)
         if not buffered or buffered.get("session_key") != self.session_key or not self._stale(buffered["channels"]):
             return
-        _close(buffered["channels"])
-        self.kernel_manager.ports_changed(self.kernel_id)  # said now: the stock open takes the new streams below
-        self.create_stream()
+        self._replace_streams(buffered["channels"])
         buffered["channels"], self.channels = self.channels, {}
-        self._say_moved()
+
+    def _replace_streams(self, stale: dict[str, Any]) -> None:
+        """Close ``stale`` and create new streams at the kernel's ports (in ``self.channels``); the kernel manager's
+        record of the ports, which the stock open checks a restored session against, is brought up to date."""
+        _close(stale)
+        self.channels = {}
+        self.create_stream()
+        self.kernel_manager.ports_changed(self.kernel_id)
+        self.log.info(
+            "Kernel %s listens at other ports since its restart: %s connects there", self.kernel_id, self.session_key
+        )
 
     def _router(self) -> Any:
         """This kernel's router, when it runs in this process (a NotebookOS kernel), else None."""
