@@ -588,8 +588,16 @@ def test_a_restarted_gateway_adopts_a_cell_that_waits_behind_one_whose_state_is_
             replica = client.notebookos_kernel(kernel_id)["executor"]
             run_on_replica(conn, replica, hold_uploads_until(go))
             run_on_replica(conn, replica, "first = np.ones(1 << 18)")  # replies; its upload waits
-            conn.send("shell", "execute_request", {"code": "second = 2", "silent": False})
+            second = conn.send("shell", "execute_request", {"code": "second = 2", "silent": False})
             wait_for(lambda: len(etcd_admin(platform, read=cells)) == 2, 10, "both cells' records")
+            # Its executor has it (it says busy as it takes it), so the kill does not fall between the decision and
+            # the sending: the new gateway would adopt a cell that no replica has, and wait for it for ever.
+            while not (
+                (msg := conn.receive(10))["msg_type"] == "status"
+                and msg["parent_header"].get("msg_id") == second
+                and msg["content"]["execution_state"] == "busy"
+            ):
+                pass
         kill_the_gateway(platform, client, kernel_id)  # (it waits until the new gateway re-attached the kernel)
         go.touch()
         with client.connect(kernel_id) as conn:

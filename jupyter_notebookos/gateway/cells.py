@@ -7,8 +7,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from jupyter_notebookos.gateway.wire import WireMessage
 
@@ -54,8 +55,9 @@ class CellGrant:
 class CellPlanner(Protocol):
     """The router's view of the scheduler (implemented by the gateway platform)."""
 
-    async def acquire(self, request: CellRequest) -> CellGrant:
-        """Wait until the cell can run and return where (on a replica that holds every earlier cell's state)."""
+    def place(self, request: CellRequest) -> CellGrant | Coroutine[Any, Any, CellGrant]:
+        """Where the cell runs (on a replica that holds every earlier cell's state): the grant when it can run
+        now, else the coroutine that waits until it can (CellRejected: it cannot run at all)."""
 
     def release(self, kernel_id: str, cell_id: str) -> None:
         """The cell finished (or failed): its GPUs are idle again."""

@@ -1,6 +1,6 @@
 """The routers' planner: the scheduler decides where each cell runs, the platform turns that into actions.
 
-Every :class:`~jupyter_notebookos.gateway.router.ReplicaRouter` asks :meth:`CellPlanning.acquire` for a
+Every :class:`~jupyter_notebookos.gateway.router.ReplicaRouter` asks :meth:`CellPlanning.place` for a
 grant (executor and GPUs), waiting in the scheduler's queue or for a migration when it must, and calls
 :meth:`CellPlanning.release` when the cell is over; :meth:`CellPlanning.dispatch` starts queued cells that fit.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from jupyter_notebookos.gateway.cells import CellGrant, CellRejected, CellRequest
@@ -29,8 +30,10 @@ from jupyter_notebookos.scheduler import (
 class CellPlanning(PlatformState):
     """The platform's part that is every router's :class:`~jupyter_notebookos.gateway.cells.CellPlanner`."""
 
-    async def acquire(self, request: CellRequest) -> CellGrant:
-        """Ask the scheduler where the cell runs; wait in its queue, or for a migration, when it must."""
+    def place(self, request: CellRequest) -> CellGrant | Coroutine[Any, Any, CellGrant]:
+        """Ask the scheduler where the cell runs. The grant itself when nothing stands between the cell and its
+        replica (the sticky cell of every notebook: no queue, migration, eviction or earlier state to apply), with
+        no event-loop turn; else the coroutine that waits for it, in the scheduler's queue or for a migration."""
         record = self.kernels.get(request.kernel_id)
         if record is None:
             raise CellRejected(f"kernel {request.kernel_id} is shutting down")
@@ -39,6 +42,24 @@ class CellPlanning(PlatformState):
             request.kernel_id, request.cell_id, now=self.now(), gpus=request.gpus, prefer=prefer
         )
         self._log_decision(decision)
+        if isinstance(decision, RunCell):
+            grant = self._grant(decision)
+            in_the_way = self.residency.in_the_way(request.kernel_id, grant.replica_id, grant.host, grant.devices)
+            if in_the_way or not record.router.caught_up(grant.replica_id):
+                return self._ready(request, grant)
+            self.metrics.queued_seconds.observe(time.monotonic() - request.arrived)
+            return grant
+        return self._acquire(request, decision)
+
+    def _grant(self, decision: RunCell) -> CellGrant:
+        grant = CellGrant(str(decision.replica_id), decision.host, tuple(decision.device_ids), decision.detail)
+        if self.autoscaler is not None:  # kernels this cell stranded move now, off its critical path
+            self.autoscaler.start_moves(self.scheduler.prepare_moves(self.now()))
+        return grant
+
+    async def _acquire(self, request: CellRequest, decision: Decision) -> CellGrant:
+        """The rest of :meth:`place` when the scheduler did not run the cell at once: wait in its queue, or for a
+        migration; then as :meth:`_ready`."""
         while not isinstance(decision, RunCell):
             if isinstance(decision, RejectCell):
                 raise CellRejected(decision.reason)
@@ -49,9 +70,10 @@ class CellPlanning(PlatformState):
                     continue
                 # The move failed: the scheduler put the cell back at the queue's front.
             decision = await self._wait_in_queue(request)
-        grant = CellGrant(str(decision.replica_id), decision.host, tuple(decision.device_ids), decision.detail)
-        if self.autoscaler is not None:  # kernels this cell stranded move now, off its critical path
-            self.autoscaler.start_moves(self.scheduler.prepare_moves(self.now()))
+        return await self._ready(request, self._grant(decision))
+
+    async def _ready(self, request: CellRequest, grant: CellGrant) -> CellGrant:
+        """Make room on the granted GPUs and wait until the replica holds every earlier cell's state."""
         await self._make_room(request.kernel_id, grant)
         await self._wait_up_to_date(request, grant)
         self.metrics.queued_seconds.observe(time.monotonic() - request.arrived)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from jupyter_notebookos.coordination.client import Coordinator, EtcdCredentials, EtcdTls
@@ -99,7 +100,7 @@ class PlatformState:
     if TYPE_CHECKING:
         # Each part calls a few methods of the others; GatewayPlatform has them all.
 
-        async def acquire(self, request: CellRequest) -> CellGrant: ...
+        def place(self, request: CellRequest) -> CellGrant | Coroutine[Any, Any, CellGrant]: ...
 
         def release(self, kernel_id: str, cell_id: str) -> None: ...
 

@@ -31,6 +31,10 @@ class ReplicaSetView(RouterState):
             self.executor, self.fence = None, 0  # the next cell opens a new executor term
         self.changed.set()
 
+    def caught_up(self, replica_id: str) -> bool:
+        """``replica_id`` is registered and holds the state of every cell so far."""
+        return self.replicas.applied(replica_id) >= self.log_head and self.replicas.is_registered(replica_id)
+
     async def wait_caught_up(self, replica_id: str, timeout: float) -> bool:
         """Wait until ``replica_id`` holds the state of every cell so far (False on timeout or if it died)."""
         deadline = time.monotonic() + timeout

@@ -443,23 +443,27 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         notice: WaitNotice | None = None  # what the client sees while the cell waits (not on the fast path)
         while True:
             self.waiting = cell
-            cell.waiter = asyncio.ensure_future(self.planner.acquire(request))
             try:
-                done, _ = await asyncio.wait({cell.waiter}, timeout=BUSY_AFTER_S)
-                if not done:
-                    # It waits for GPUs (or a migration): clients see the kernel busy meanwhile. A cell that
-                    # gets its executor at once needs no extra message: the replica says busy itself.
-                    busy = self._status(cell.request, "busy")
-                    await self._sockets["iopub"].send_multipart(busy.frames())
-                    notice = WaitNotice(
-                        signer=self.signer,
-                        iopub=self._sockets["iopub"],
-                        request=cell.request,
-                        gpus=self.gpus,
-                        arrived=cell.arrived,
-                        position=lambda: self.planner.queue_position(self.kernel_id, msg_id),
-                    )
-                grant = await cell.waiter
+                placed = self.planner.place(request)
+                if isinstance(placed, CellGrant):  # (no await since: nothing can have interrupted it)
+                    grant = placed
+                else:
+                    cell.waiter = asyncio.ensure_future(placed)
+                    done, _ = await asyncio.wait({cell.waiter}, timeout=BUSY_AFTER_S)
+                    if not done:
+                        # It waits for GPUs (or a migration): clients see the kernel busy meanwhile. A cell that
+                        # gets its executor at once needs no extra message: the replica says busy itself.
+                        busy = self._status(cell.request, "busy")
+                        await self._sockets["iopub"].send_multipart(busy.frames())
+                        notice = WaitNotice(
+                            signer=self.signer,
+                            iopub=self._sockets["iopub"],
+                            request=cell.request,
+                            gpus=self.gpus,
+                            arrived=cell.arrived,
+                            position=lambda: self.planner.queue_position(self.kernel_id, msg_id),
+                        )
+                    grant = await cell.waiter
             except CellRejected as err:
                 self._error_reply(cell, "NotebookOSCellRejected", str(err))
                 return
