@@ -144,12 +144,20 @@ class KernelConnection:
         return msg_id
 
     def receive(self, timeout: float) -> dict[str, Any]:
-        """The next message; TimeoutError when none comes within ``timeout`` seconds."""
-        self.ws.settimeout(max(timeout, 0.001))
-        try:
-            return dict(json.loads(self.ws.recv()))
-        except websocket.WebSocketTimeoutException as exc:
-            raise TimeoutError(f"no message within {timeout:.1f} s") from exc
+        """The next message; TimeoutError when none comes within ``timeout`` seconds. (A plain ``ws.recv()`` with
+        a socket timeout can wait for ever: the gateway pings every 30 s, and each frame restarts the timeout.)"""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            self.ws.settimeout(left)
+            try:
+                opcode, data = self.ws.recv_data(control_frame=True)
+            except websocket.WebSocketTimeoutException:
+                break
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                raise ConnectionError("the gateway closed the kernel's websocket")
+            if opcode in (websocket.ABNF.OPCODE_TEXT, websocket.ABNF.OPCODE_BINARY):
+                return dict(json.loads(data))
+        raise TimeoutError(f"no message within {timeout:.1f} s")
 
     def request(self, channel: str, msg_type: str, content: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
         """Send a request and return its reply (other messages are kept for later)."""

@@ -590,8 +590,8 @@ def test_a_restarted_gateway_adopts_a_cell_that_waits_behind_one_whose_state_is_
             run_on_replica(conn, replica, "first = np.ones(1 << 18)")  # replies; its upload waits
             second = conn.send("shell", "execute_request", {"code": "second = 2", "silent": False})
             wait_for(lambda: len(etcd_admin(platform, read=cells)) == 2, 10, "both cells' records")
-            # Its executor has it (it says busy as it takes it), so the kill does not fall between the decision and
-            # the sending: the new gateway would adopt a cell that no replica has, and wait for it for ever.
+            # Its executor has it (it says busy as it takes it): the kill must not fall between the decision and the
+            # sending, after which the new gateway gives the cell up (the next test).
             while not (
                 (msg := conn.receive(10))["msg_type"] == "status"
                 and msg["parent_header"].get("msg_id") == second
@@ -608,6 +608,45 @@ def test_a_restarted_gateway_adopts_a_cell_that_waits_behind_one_whose_state_is_
         client.shutdown_kernel(kernel_id)
     finally:
         go.unlink(missing_ok=True)
+        stop_platform(platform)
+
+
+def test_a_restarted_gateway_gives_up_a_cell_its_predecessor_decided_but_never_sent(tmp_path: Path) -> None:
+    """The gateway died between committing a cell's decision and sending the cell: its record is in etcd (here
+    written as that gateway would have), holding the executor's one GPU, and no replica has the cell. The new
+    gateway asks the executor, gives the cell up, and the kernel goes on: the next cell gets the GPU and the
+    record's place in the log, on every replica. (Before, it waited for that cell for ever, and every later cell
+    with it.)"""
+    platform = start_platform(tmp_path / "state", "--hosts", "3", "--gpus-per-host", "1")
+    try:
+        client = platform.client
+        kernel_id = client.start_kernel(KERNEL)
+        cells = f"/kernels/{kernel_id}/cells/"
+        with client.connect(kernel_id) as conn:
+            assert conn.execute("x = 1").status == "ok"
+
+        def applied() -> int | None:
+            seqs = {r["applied_seq"] for r in client.notebookos_kernel(kernel_id)["replicas"]}
+            return seqs.pop() if len(seqs) == 1 and 0 not in seqs else None
+
+        seq = wait_for(applied, 30, "every replica to apply the first cell")
+        kernel = client.notebookos_kernel(kernel_id)
+        executor = kernel["executor"]
+        host = next(r["host"] for r in kernel["replicas"] if r["replica_id"] == executor)
+        lost = uuid.uuid4().hex
+        record = {"msg_id": lost, "executor": executor, "host": host, "gpus": [0], "attempt": 1, "seq": seq + 1}
+        etcd_admin(platform, (f"{cells}{lost}", json.dumps(record)))
+        kill_the_gateway(platform, client, kernel_id)
+        with client.connect(kernel_id) as conn:
+            run_on_replica(conn, executor, "y = x + 1", timeout=30)  # the same host's one GPU
+            for replica in [r["replica_id"] for r in client.notebookos_kernel(kernel_id)["replicas"]]:
+                run_on_replica(conn, replica, "assert y == 2", timeout=30)
+        assert seq + 4 in {r["applied_seq"] for r in client.notebookos_kernel(kernel_id)["replicas"]}
+        gateway_log = (platform.state_dir / "gateway.log").read_text(errors="replace")
+        assert f"cell {lost} (record {seq + 1}), decided by the previous gateway, never reached replica" in gateway_log
+        wait_for(lambda: not etcd_admin(platform, read=cells), 10, "the cells' records to go")
+        client.shutdown_kernel(kernel_id)
+    finally:
         stop_platform(platform)
 
 

@@ -21,6 +21,8 @@ CHANGED_MEMORY = 64
 
 #: How often a cell adopted from a previous gateway checks whether its state record was published.
 ADOPTED_POLL_S = 2.0
+#: How long a re-attached gateway waits for an executor to say whether it took a cell (RouterRelay._ask).
+TAKEN_ASK_S = 10.0
 #: A cell that has no executor after this many seconds is announced busy by the router itself.
 BUSY_AFTER_S = 0.02
 #: A cell whose decision conflicts in etcd this many times in a row is answered with an error.
@@ -107,6 +109,7 @@ __all__ = [
     "CHANGED_MEMORY",
     "MALFORMED",
     "MAX_COMMIT_CONFLICTS",
+    "TAKEN_ASK_S",
     "CellGrant",
     "CellPlanner",
     "CellRejected",

@@ -556,8 +556,8 @@ class RouterRelay(RouterState):
 
     async def _on_replica_control(self, link: ReplicaLink, msg: WireMessage, frames: list[bytes]) -> None:
         if not msg.idents:
-            # A reply to the router's own request: an eviction's answer, or an interrupt's (from a signal).
-            answer = self._evictions.get(msg.parent_msg_id)
+            # A reply to the router's own request (RouterRelay._ask), or an interrupt's (from a signal).
+            answer = self._answers.get(msg.parent_msg_id)
             if answer is not None and not answer.done():
                 answer.set_result(msg.content())
             return

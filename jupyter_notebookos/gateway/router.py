@@ -48,6 +48,7 @@ from jupyter_notebookos.gateway.cells import (
     BUSY_AFTER_S,
     MALFORMED,
     MAX_COMMIT_CONFLICTS,
+    TAKEN_ASK_S,
     CellGrant,
     CellPlanner,
     CellRejected,
@@ -140,7 +141,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         self._idle_owed = {}
 
         self._routes: OrderedDict[str, str] = OrderedDict()  # request msg_id -> replica id
-        self._evictions = {}
+        self._answers = {}
         self._stdin_owner: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._sockets: dict[str, ClientSocket] = {}
@@ -239,20 +240,25 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
 
     async def evict(self, replica_id: str, timeout: float = 60.0) -> dict[str, Any]:
         """Ask a replica to move the GPU state it keeps between cells to host memory; returns its answer."""
+        return await self._ask(replica_id, "notebookos_evict_request", {}, timeout)
+
+    async def _ask(self, replica_id: str, msg_type: str, content: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Send a replica a request of the router's own on its control channel; returns the answer's content
+        (status "error" when it is not connected or does not answer within ``timeout`` seconds)."""
         link = self.links.get(replica_id)
         if link is None:
             return {"status": "error", "evalue": f"replica {replica_id} is not connected"}
-        parent = self._synthetic_parent("notebookos_evict_request")
-        msg = self.signer.make("notebookos_evict_request", {}, parent, idents=[])
+        parent = self._synthetic_parent(msg_type)
+        msg = self.signer.make(msg_type, content, parent, idents=[])
         answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._evictions[msg.msg_id] = answer  # the replica answers with this request as the parent
+        self._answers[msg.msg_id] = answer  # the replica answers with this request as the parent
         try:
             await link.control.send_multipart(msg.frames())
             return await asyncio.wait_for(answer, timeout)
         except TimeoutError:
             return {"status": "error", "evalue": f"no answer within {timeout:.0f} s"}
         finally:
-            self._evictions.pop(msg.msg_id, None)
+            self._answers.pop(msg.msg_id, None)
 
     async def close(self) -> None:
         """Stop every loop, close every socket. Replicas are stopped by the caller (it owns the launcher)."""
@@ -421,6 +427,8 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
         self.running = cell
         self._remember_route(cell.request.msg_id, cell.grant.replica_id)
         try:
+            if cell.seq == self.log_head and await self._never_taken(cell):
+                return
             # Its reply may never come (it finished while no gateway listened): its published state record
             # says it is over as well (the watch's applied reports end the wait, see _published_through; etcd is
             # asked now and then too).
@@ -435,6 +443,32 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             self.running = None
             self.planner.release(self.kernel_id, cell.request.msg_id)
             self._release_entries(cell)
+
+    async def _never_taken(self, cell: PendingCell) -> bool:
+        """Whether the adopted ``cell`` (the last one decided) never reached its executor: the previous gateway
+        died between committing the decision and sending it. Then it is given up (the replica refuses it, should
+        it still come), and its GPUs, its record and its place in the log go to the next cell; waiting for it
+        would hold every later cell of the kernel for ever. The client that sent it lost its connection with that
+        gateway; nothing ran. The executor not answering: False (its record, or its loss, ends the wait)."""
+        assert cell.grant is not None
+        replica_id = cell.grant.replica_id
+        if await self.wait_registered({replica_id}, TAKEN_ASK_S):
+            return False
+        answer = await self._ask(replica_id, "notebookos_cell_request", {"msg_id": cell.request.msg_id}, TAKEN_ASK_S)
+        if answer.get("status") != "ok" or answer.get("taken") is not False:
+            return False
+        log.warning(
+            "kernel %s: cell %s (record %d), decided by the previous gateway, never reached replica %s: given up",
+            self.kernel_id,
+            cell.request.msg_id,
+            cell.seq,
+            replica_id,
+        )
+        self.ledger.release(dict(cell.entries))
+        cell.entries = {}
+        if self.log_head == cell.seq:
+            self.log_head = cell.seq - 1
+        return True
 
     async def _attempt_cell(self, cell: PendingCell) -> None:
         msg_id = cell.request.msg_id

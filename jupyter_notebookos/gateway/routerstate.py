@@ -89,7 +89,7 @@ class RouterState:
     # sends a cell's reply before its idle, and the next cell may follow the reply; see _say_owed_idle).
     _idle_owed: dict[str, list[WireMessage]]
     _routes: OrderedDict[str, str]
-    _evictions: dict[str, asyncio.Future[dict[str, Any]]]  # evict request msg_id -> the replica's answer
+    _answers: dict[str, asyncio.Future[dict[str, Any]]]  # the router's own control request msg_id -> the answer
     _stdin_owner: str | None
     _tasks: list[asyncio.Task[None]]
     _sockets: dict[str, ClientSocket]

@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -97,6 +98,8 @@ CHECKPOINT_RETRY_S = 2.0
 CHECKPOINT_RETRY_MAX_S = 120.0
 #: How many records' changed names a replica keeps for its next checkpoint (beyond that it pickles everything).
 TOUCHED_RECORDS_KEPT = 4096
+#: Directed cells whose msg_id a replica remembers as taken, and as given up (see _CellIntake).
+CELLS_REMEMBERED = 64
 
 
 @contextlib.contextmanager
@@ -191,6 +194,40 @@ class _CellTree(ast.NodeTransformer):
         return node
 
 
+class _CellIntake:
+    """The directed cells this replica took, and those a gateway gave up: a gateway that re-attached asks
+    whether the last cell its predecessor decided reached this replica (see ReplicaKernel.cell_request); one
+    that had not by the answer is refused should it still come, so the answer holds. The control thread asks
+    while the shell's loop takes cells, hence the lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._taken: OrderedDict[str, None] = OrderedDict()
+        self._given_up: OrderedDict[str, None] = OrderedDict()
+
+    def take(self, msg_id: str) -> bool:
+        """A directed cell arrived: False if it was given up (it must not run)."""
+        with self._lock:
+            if msg_id in self._given_up:
+                return False
+            _remember(self._taken, msg_id)
+            return True
+
+    def taken_else_given_up(self, msg_id: str) -> bool:
+        """Whether the cell was taken; one that was not is given up from now on."""
+        with self._lock:
+            if msg_id in self._taken:
+                return True
+            _remember(self._given_up, msg_id)
+            return False
+
+
+def _remember(kept: OrderedDict[str, None], msg_id: str) -> None:
+    kept[msg_id] = None
+    while len(kept) > CELLS_REMEMBERED:
+        kept.popitem(last=False)
+
+
 @dataclass
 class _Cell:
     """The directed cell being handled."""
@@ -221,6 +258,8 @@ class ReplicaKernel(IPythonKernel):
         self.statelog = statelog
         self.gpus = GpuBinding(settings.gpus, sticky=settings.gpu_sticky)
         self.control_handlers["notebookos_evict_request"] = self.evict_request
+        self.control_handlers["notebookos_cell_request"] = self.cell_request
+        self.intake = _CellIntake()
         assert self.shell is not None
         # The shell's own transformer manager (built once): a new one per cell costs about a millisecond.
         self.tracker = StateTracker(
@@ -598,6 +637,17 @@ class ReplicaKernel(IPythonKernel):
             self._reply_error(stream, ident, parent, "NotebookOSDirectiveError", str(exc))
             return
         msg_id = parent["header"]["msg_id"]
+        if directive is not None and not self.intake.take(msg_id):
+            log.warning("cell %s (record %d) came after the gateway gave it up: refused", msg_id, directive.seq)
+            self._reply_error(
+                stream,
+                ident,
+                parent,
+                "NotebookOSCellGivenUp",
+                "this cell reached its replica after the gateway that decided it had died and its successor had "
+                "given it up; nothing ran. Run it again.",
+            )
+            return
         cell = None if directive is None else _Cell(directive, msg_id)
         # Before the cell's code runs it may wait (the last cell's upload, records to apply): seconds with GBs. An
         # interrupt meanwhile is noted, not raised: ipykernel's handler raises it wherever the main thread is, here
@@ -1037,7 +1087,7 @@ class ReplicaKernel(IPythonKernel):
             directive = self.directive_of(msg)
         except ValueError:
             return
-        if directive is not None:
+        if directive is not None and self.intake.take(msg["header"]["msg_id"]):  # (one given up has no record)
             self._start_publication(directive, msg["header"]["msg_id"], None)
 
     async def do_execute(
@@ -1149,6 +1199,15 @@ class ReplicaKernel(IPythonKernel):
         return info
 
     # -- GPU eviction ----------------------------------------------------------------------------------
+
+    async def cell_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """``notebookos_cell_request`` (control channel), from a gateway that re-attached: did this replica take
+        the cell ``msg_id`` (the last one the previous gateway decided it runs)? Answered from this thread at once;
+        a cell not taken by now never will be (see _CellIntake)."""
+        assert self.session is not None
+        msg_id = str((parent.get("content") or {}).get("msg_id", ""))
+        taken = self.intake.taken_else_given_up(msg_id)
+        self.session.send(stream, "notebookos_cell_reply", {"status": "ok", "taken": taken}, parent, ident=ident)
 
     async def evict_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         """``notebookos_evict_request`` (control channel): the GPU this replica's state stays on (sticky

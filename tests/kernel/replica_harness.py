@@ -109,8 +109,22 @@ class Replica:
         self.client = client
         return client
 
-    def execute(self, code: str, directive: p.CellDirective | None = None, timeout: float = 20) -> Cell:
-        """Run ``code`` (with ``directive`` in the metadata, if given) and collect its outputs."""
+    def control(self, msg_type: str, content: dict[str, Any], timeout: float = 10) -> dict[str, Any]:
+        """Send a request on the control channel; returns its reply."""
+        client = self.client or self.connect()
+        msg = client.session.msg(msg_type, content)
+        client.control_channel.send(msg)
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = client.get_control_msg(timeout=max(deadline - time.monotonic(), 0.01))
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                return reply
+
+    def execute(
+        self, code: str, directive: p.CellDirective | None = None, timeout: float = 20, *, msg_id: str | None = None
+    ) -> Cell:
+        """Run ``code`` (with ``directive`` in the metadata, if given; as request ``msg_id``, if given) and collect
+        its outputs."""
         client = self.client or self.connect()
         content = {
             "code": code,
@@ -122,6 +136,8 @@ class Replica:
         }
         metadata = {p.METADATA_KEY: directive.to_dict()} if directive else {}
         msg = client.session.msg("execute_request", content, metadata=metadata)
+        if msg_id is not None:
+            msg["header"]["msg_id"] = msg["msg_id"] = msg_id
         client.shell_channel.send(msg)
         msg_id = msg["header"]["msg_id"]
         cell = Cell(reply={})

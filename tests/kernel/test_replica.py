@@ -95,6 +95,26 @@ def test_replica_registers_and_runs_user_code(replicas: ReplicaFactory) -> None:
     assert cell.meta == {"replica": "r0", "host": "host-r0", "gpus": [], "seq": None}
 
 
+def test_a_cell_the_gateway_gave_up_is_refused_when_it_comes(replicas: ReplicaFactory) -> None:
+    """A gateway that re-attached asks the executor whether it took the last cell its predecessor decided (that
+    gateway may have died before sending it): one not taken by the answer is refused should it come after, and
+    publishes no record; its seq goes to the next cell."""
+    r0 = replicas.start("r0")
+    fence = replicas.elect("r0")
+    assert r0.execute("x = 1", CellDirective(seq=1, fence=fence), msg_id="sent").status == "ok"
+    assert r0.control("notebookos_cell_request", {"msg_id": "sent"})["content"] == {"status": "ok", "taken": True}
+    assert r0.control("notebookos_cell_request", {"msg_id": "lost"})["content"] == {"status": "ok", "taken": False}
+    cell = r0.execute("x = 2", CellDirective(seq=2, fence=fence), msg_id="lost")
+    assert cell.status == "error" and cell.reply["content"]["ename"] == "NotebookOSCellGivenUp"
+    assert "came after the gateway gave it up" in r0.log()
+    cell = r0.execute("print(x)\ny = 3", CellDirective(seq=2, fence=fence))
+    assert cell.status == "ok" and cell.stdout == "1\n"
+    wait_for(lambda: log_keys(replicas) == [1, 2], 10, "records 1 and 2")
+    time.sleep(0.5)  # (nothing else comes)
+    assert log_keys(replicas) == [1, 2]
+    assert r0.control("notebookos_cell_request", {"msg_id": "lost"})["content"]["taken"] is False
+
+
 def test_directed_cell_publishes_exactly_one_fenced_record(replicas: ReplicaFactory) -> None:
     r0 = replicas.start("r0")
     fence = replicas.elect("r0")
