@@ -22,6 +22,24 @@ class GatewayError(RuntimeError):
     """The gateway answered with an error; the message carries its status and reason."""
 
 
+def next_message_frame(ws: websocket.WebSocket, timeout: float) -> bytes | str | None:
+    """The data of the next text or binary frame on a kernel's websocket; None if none comes within ``timeout``
+    seconds; ConnectionError if the gateway closes it. (A plain ``ws.recv()`` with a socket timeout can wait for
+    ever: the gateway pings every 30 s, and each frame restarts the timeout.)"""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        ws.settimeout(left)
+        try:
+            opcode, data = ws.recv_data(control_frame=True)
+        except websocket.WebSocketTimeoutException:
+            return None
+        if opcode == websocket.ABNF.OPCODE_CLOSE:
+            raise ConnectionError("the gateway closed the kernel's websocket")
+        if opcode in (websocket.ABNF.OPCODE_TEXT, websocket.ABNF.OPCODE_BINARY):
+            return data
+    return None
+
+
 @dataclass
 class CellResult:
     """What one ``execute_request`` produced, as a client sees it."""
@@ -144,20 +162,11 @@ class KernelConnection:
         return msg_id
 
     def receive(self, timeout: float) -> dict[str, Any]:
-        """The next message; TimeoutError when none comes within ``timeout`` seconds. (A plain ``ws.recv()`` with
-        a socket timeout can wait for ever: the gateway pings every 30 s, and each frame restarts the timeout.)"""
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            self.ws.settimeout(left)
-            try:
-                opcode, data = self.ws.recv_data(control_frame=True)
-            except websocket.WebSocketTimeoutException:
-                break
-            if opcode == websocket.ABNF.OPCODE_CLOSE:
-                raise ConnectionError("the gateway closed the kernel's websocket")
-            if opcode in (websocket.ABNF.OPCODE_TEXT, websocket.ABNF.OPCODE_BINARY):
-                return dict(json.loads(data))
-        raise TimeoutError(f"no message within {timeout:.1f} s")
+        """The next message; TimeoutError when none comes within ``timeout`` seconds."""
+        data = next_message_frame(self.ws, timeout)
+        if data is None:
+            raise TimeoutError(f"no message within {timeout:.1f} s")
+        return dict(json.loads(data))
 
     def request(self, channel: str, msg_type: str, content: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
         """Send a request and return its reply (other messages are kept for later)."""

@@ -13,6 +13,8 @@ from urllib.parse import urlparse
 import requests
 import websocket
 
+from jupyter_notebookos.client import next_message_frame
+
 
 def start_kernel(url: str, token: str, name: str = "python3") -> str:
     """Start a kernel through the gateway's REST API and return its id."""
@@ -84,20 +86,9 @@ class KernelSocket:
         return self.collect(msg_id, timeout), time.monotonic() - started
 
     def receive(self, timeout: float) -> dict[str, Any] | None:
-        """The next kernel message, or None if none comes within ``timeout`` seconds. (A plain ``ws.recv()`` with a
-        socket timeout can wait for ever: the gateway pings every 30 s, and each frame restarts the timeout.)"""
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            self.ws.settimeout(left)
-            try:
-                opcode, data = self.ws.recv_data(control_frame=True)
-            except websocket.WebSocketTimeoutException:
-                return None
-            if opcode == websocket.ABNF.OPCODE_CLOSE:
-                raise ConnectionError("the gateway closed the websocket")
-            if opcode in (websocket.ABNF.OPCODE_TEXT, websocket.ABNF.OPCODE_BINARY):
-                return dict(json.loads(data))
-        return None
+        """The next kernel message, or None if none comes within ``timeout`` seconds."""
+        data = next_message_frame(self.ws, timeout)
+        return None if data is None else dict(json.loads(data))
 
     def collect(self, msg_id: str, timeout: float = 30) -> list[dict[str, Any]]:
         """The messages answering request `msg_id` (sent on this or an earlier connection of this session),
