@@ -426,11 +426,15 @@ def _restart_with_the_shell_port_taken(platform: Platform, kernel: str) -> dict[
     url, token = platform.url, platform.token
     before = _kernel_ports(platform, kernel)
     with _port_taken_once_freed(before["shell"]) as taken:
-        response = requests.post(
-            f"{url}/api/kernels/{kernel}/restart", headers={"Authorization": f"token {token}"}, timeout=120
-        )
-        response.raise_for_status()
-        assert taken.wait(5), "the test did not get the kernel's shell port"
+        for _ in range(5):  # (a loaded machine may not run the taker between the old router's release and the
+            # new router's bind of the same port: then the kernel keeps its ports, and it is restarted again)
+            response = requests.post(
+                f"{url}/api/kernels/{kernel}/restart", headers={"Authorization": f"token {token}"}, timeout=120
+            )
+            response.raise_for_status()
+            if taken.wait(5):
+                break
+        assert taken.is_set(), "the test did not get the kernel's shell port in 5 restarts"
         after = _kernel_ports(platform, kernel)
     assert after["shell"] != before["shell"]
     return after

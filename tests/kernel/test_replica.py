@@ -436,7 +436,8 @@ def test_a_new_executor_names_again_the_parts_of_the_checkpoint_another_replica_
     for seq in (3, 4):
         assert r1.execute("n += 1", CellDirective(seq=seq, fence=fence)).status == "ok"
     second = _checkpoint_at(replicas, 4)
-    assert "2 parts, 1 of them named again from checkpoint 2" in r1.log()
+    # (it logs that after it wrote the checkpoint's pointer, which is what _checkpoint_at waits for)
+    wait_for(lambda: "2 parts, 1 of them named again from checkpoint 2" in r1.log(), 10, "the checkpoint's log line")
     assert len(set(first.objects) & set(second.objects)) == 1  # the part of objs and alias
     r2 = replicas.start("r2", every)
     assert r2.execute("print(len(objs), alias is objs, n)").stdout == "300000 True 3\n"
