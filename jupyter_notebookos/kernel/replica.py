@@ -1198,7 +1198,7 @@ class ReplicaKernel(IPythonKernel):
             info["changed"] = sorted(delta.names)
         return info
 
-    # -- GPU eviction ----------------------------------------------------------------------------------
+    # -- a re-attached gateway's question --------------------------------------------------------------
 
     async def cell_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         """``notebookos_cell_request`` (control channel), from a gateway that re-attached: did this replica take
@@ -1208,6 +1208,8 @@ class ReplicaKernel(IPythonKernel):
         msg_id = str((parent.get("content") or {}).get("msg_id", ""))
         taken = self.intake.taken_else_given_up(msg_id)
         self.session.send(stream, "notebookos_cell_reply", {"status": "ok", "taken": taken}, parent, ident=ident)
+
+    # -- GPU eviction ----------------------------------------------------------------------------------
 
     async def evict_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         """``notebookos_evict_request`` (control channel): the GPU this replica's state stays on (sticky
