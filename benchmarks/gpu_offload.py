@@ -10,6 +10,10 @@ layers), and measures, against what the link itself gives in the same run:
   it back before the next; GB/s each way;
 - sticky: ``bind`` + ``release`` around a cell on the same device with the state resident: the time they add
   to a cell (target: at most 5 ms with 10 GB), median of ``--cells``;
+- the capture with the state resident (the replica's ``StateTracker``, as around each cell): a cell that does not
+  reach the model (counted in the 5 ms above), one that reaches it without changing it (its storages are then
+  checksummed on the device, ``digest.device_checksum``: GB/s against a device-to-device copy), and one that
+  changes one element (which the capture must see);
 - eviction: ``evict`` (the GPU given to someone else) moves it out; GB/s, and the device memory it frees.
 
 Prints one table; exits 1 when a check fails. Without torch or a CUDA device it prints ``skipped: ...`` and
@@ -162,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         ("  the state stayed on the device", "yes", "yes" if stayed else "no", stayed),
     ]
+    rows += _capture(torch, ns, nbytes, args.cells, p50)
 
     # Eviction: the GPU is given to someone else. (What stays allocated is torch's own, such as the cuBLAS
     # workspace of the first matrix product; what stays reserved is whatever segment that sits in.)
@@ -180,6 +185,56 @@ def main(argv: list[str] | None = None) -> int:
     ]
     _print(f"GPU state between cells on {name}: {nbytes / GB:.1f} GB (torch {torch.__version__})", rows)
     return 0 if all(ok is not False for *_, ok in rows) else 1
+
+
+def _capture(
+    torch: Any, ns: dict[str, Any], nbytes: int, cells: int, binding_ms: float
+) -> list[tuple[str, str, str, bool | None]]:
+    """The state tracker's capture after sticky cells, with the model resident (see the module's docstring)."""
+    from jupyter_notebookos.replication.state import StateTracker
+
+    ns.update({"__name__": "__main__", "torch": torch, "x": torch.ones(1024, device="cuda")})
+    tracker = StateTracker(ns, transform=lambda code: code)
+
+    def cell(code: str) -> tuple[float, Any]:
+        tracker.before_cell(code)  # (the first one fingerprints the whole namespace: the baseline)
+        exec(code, ns)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        delta = tracker.after_cell()
+        tracker.settle()
+        return time.perf_counter() - started, delta
+
+    cell("pass")
+    apart = [cell("x.add_(1.0)")[0] for _ in range(cells)]
+    reaching = [cell("n = sum(p.numel() for p in model.parameters())") for _ in range(max(3, cells // 4))]
+    _, changed = cell("with torch.no_grad():\n    model[0].weight[0, 0] += 1")
+    source = torch.empty(int(GB) // 4, device="cuda")
+    target = torch.empty_like(source)
+    copy_s = min(_timed(torch, lambda: target.copy_(source)) for _ in range(3))
+    apart_ms = statistics.median(apart) * 1e3
+    reach_s = statistics.median(t for t, _ in reaching)
+    unchanged = all("model" not in delta.values for _, delta in reaching)
+    return [
+        (
+            "  the capture of a cell not reaching the model (p50)",
+            f"bind + release + it <= {STICKY_TARGET_MS:g} ms",
+            f"{apart_ms:.3f} ms (with bind + release {binding_ms + apart_ms:.3f} ms)",
+            binding_ms + apart_ms <= STICKY_TARGET_MS,
+        ),
+        (
+            "  the capture of a cell reaching it, unchanged (median)",
+            f"not in the delta; 1 GB device copy: {GB / copy_s / GB:.0f} GB/s",
+            f"{reach_s * 1e3:.1f} ms, {nbytes / GB / reach_s:.0f} GB/s",
+            unchanged,
+        ),
+        (
+            "  a cell changing one element of it",
+            "in the delta",
+            str("model" in changed.values),
+            "model" in changed.values,
+        ),
+    ]
 
 
 def _round_trip_keeps_state(torch: Any, binding: GpuBinding) -> list[tuple[str, str, str, bool | None]]:

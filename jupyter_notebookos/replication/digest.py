@@ -11,6 +11,9 @@ Two different hashes, for two different jobs:
 - :func:`content_digest` names a buffer in the object store (content addressing, deduplication, integrity
   check on read), so it must be collision resistant: SHA-256 over the concatenated SHA-256 digests of the
   4 MiB chunks (a one-level hash tree, so chunks hash in parallel; hashlib also releases the GIL).
+
+A torch storage on a GPU gets :func:`device_checksum` instead of either: computed on its device, so that telling
+whether a model that stays on the GPU changed costs a pass over device memory, not a copy to the host.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import os
 import struct
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import xxhash
 
@@ -72,3 +75,66 @@ def content_digest(data: bytes | bytearray | memoryview) -> str:
     """The content digest used as an object-store key: hex SHA-256 of the chunk SHA-256 digests."""
     view = as_bytes_view(data)
     return hashlib.sha256(b"".join(_map_chunks(_sha256_digest, view))).hexdigest()
+
+
+#: :func:`device_checksum` works in rows of this many 32-bit words (4 MiB) ...
+DEVICE_ROW_WORDS = 1 << 20
+#: ... this many rows per step: one multiply and two sums over 64 MiB of device memory, with a 128 MiB temporary.
+DEVICE_STEP_ROWS = 16
+_device_weights: dict[str, Any] = {}  # device -> the weights of one row (int64, on that device)
+
+
+def _row_weights(torch: Any, device: Any) -> Any:
+    """The weights of a row's words: distinct odd numbers below 2**31 in a scrambled order, made on ``device``
+    (8 MiB, once per device). ``i`` goes through bijections of the 30-bit numbers (multiplications by odd
+    constants, xor-shifts), so no two words of a row weigh the same and neighbouring weights are unrelated (with
+    weights linear in ``i``, a change of +k, -2k, +k to three neighbouring words would cancel)."""
+    key = str(device)
+    weights = _device_weights.get(key)
+    if weights is None:
+        mask = (1 << 30) - 1
+        x = torch.arange(DEVICE_ROW_WORDS, dtype=torch.int64, device=device) * 0x2545F491 & mask
+        x ^= x >> 15
+        x = x * 0x1B873593 & mask
+        x ^= x >> 13
+        weights = _device_weights[key] = x * 2 + 1
+    return weights
+
+
+def device_checksum(torch: Any, storage: Any) -> bytes:
+    """A change checksum of a torch storage's bytes, computed on the storage's device (a GPU's memory bandwidth).
+
+    The bytes are read as 32-bit words in rows of :data:`DEVICE_ROW_WORDS`. Each row gives two int64 sums: of its
+    words, and of its words times distinct odd weights below 2**31 (:func:`_row_weights`; no product overflows).
+    So any change to one or two words of a row (a swap, two sign flips) changes a sum. A change to three or more
+    words of one row goes unnoticed only when both sums of the differences cancel exactly: for random differences
+    about one chance in 2**60, for a small pattern over three given words about one in 2**30 (weaker than the
+    host's XXH3-128). The sums (16 bytes per 4 MiB) come to the host in one copy and are hashed there with the
+    storage's size; the words past the last whole row, and the last 1-3 bytes, are summed the same way. Integer
+    sums do not depend on the order of addition, so any device gives the same checksum for the same bytes.
+    """
+    nbytes = storage.nbytes()
+    data = torch.empty(0, dtype=torch.uint8, device=storage.device)
+    if nbytes:
+        data.set_(storage, 0, (nbytes,), (1,))
+    words = data[: nbytes // 4 * 4].view(torch.int32)
+    weights = _row_weights(torch, storage.device)
+    sums: list[Any] = []
+    rows = words.numel() // DEVICE_ROW_WORDS
+    step = DEVICE_STEP_ROWS
+    with torch.no_grad():
+        for first in range(0, rows, step):
+            block = words[first * DEVICE_ROW_WORDS : min(rows, first + step) * DEVICE_ROW_WORDS]
+            block = block.view(-1, DEVICE_ROW_WORDS)
+            sums.append(torch.mul(block, weights).sum(dim=1))
+            sums.append(block.sum(dim=1, dtype=torch.int64))
+        rest = words[rows * DEVICE_ROW_WORDS :]
+        if rest.numel():
+            sums.append(torch.mul(rest, weights[: rest.numel()]).sum().view(1))
+            sums.append(rest.sum(dtype=torch.int64).view(1))
+        tail = data[nbytes // 4 * 4 :]
+        if tail.numel():
+            sums.append(tail.to(torch.int64))
+        host = torch.cat(sums).cpu() if sums else torch.empty(0, dtype=torch.int64)
+    digest = hashlib.blake2b(host.numpy().tobytes(), digest_size=16).digest()
+    return struct.pack("<Q", nbytes) + digest

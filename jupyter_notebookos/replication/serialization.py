@@ -34,6 +34,7 @@ import contextvars
 import importlib
 import io
 import json
+import logging
 import pickle
 import re
 import struct
@@ -49,10 +50,13 @@ import cloudpickle
 from jupyter_notebookos.gpu.binding import host_copy
 from jupyter_notebookos.replication.chunks import BufferLineage, TrackedBuffer, torch_storage_bytes
 from jupyter_notebookos.replication.config import DEFAULT_BUFFER_THRESHOLD
+from jupyter_notebookos.replication.digest import device_checksum
 from jupyter_notebookos.replication.objectstore import BufferRef, ObjectStore
 
 if TYPE_CHECKING:
     from jupyter_notebookos.replication.state import StateDelta
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"NBS1"
 #: A record that names parts (a checkpoint in parts): a NotebookOS that predates parts refuses it as "written by a
@@ -200,7 +204,9 @@ class NamespacePickler(cloudpickle.Pickler):
     loaded under them (``import xml.etree.ElementTree`` binds ``xml``; the replica needs the submodule too).
     ``device_to_host`` (records): torch tensors on a CUDA device are pickled as host tensors, which any replica
     can load (torch would restore them onto a CUDA device, and a follower has none visible between cells).
-    Fingerprints turn it off: they only compare, and torch's own pickling of a device tensor is exact.
+    Fingerprints turn it off: they only compare, so a storage on a device stands in their pickle as its
+    :func:`~jupyter_notebookos.replication.digest.device_checksum`, computed where it lies (torch's own pickling
+    would copy it to the host: 3.4 s per GiB on an H200).
     ``numpy_views`` (records; fingerprints turn it off too): a numpy view of an array that a name holds is pickled
     as that array and where the view lies in it (:func:`_reduce_numpy_view`), a view of the same array once loaded.
     """
@@ -227,6 +233,7 @@ class NamespacePickler(cloudpickle.Pickler):
         self.abort = abort  # set from another thread: SerializationAborted at the next object (see AbortableWriter)
         # Host copies of the device storages pickled so far: (data pointer, size, device) -> (storage, copy).
         self._host_copies: dict[tuple[int, int, str], tuple[Any, Any]] | None = {} if device_to_host else None
+        self._device_checksums = not device_to_host
 
     def reducer_override(self, obj: Any) -> Any:
         """Modules by name with their loaded submodules; torch CPU tensors with their storage out of band (see
@@ -251,7 +258,7 @@ class NamespacePickler(cloudpickle.Pickler):
             self.whole.append(obj)  # (see views_copied_in_vain)
         torch = sys.modules.get("torch")
         if torch is not None and type(obj) in (torch.Tensor, torch.UntypedStorage):
-            reduced = _reduce_torch(torch, obj, self._host_copies)
+            reduced = _reduce_torch(torch, obj, self._host_copies, device_checksums=self._device_checksums)
             if reduced is not NotImplemented:
                 return reduced
         reduced = super().reducer_override(obj)
@@ -318,7 +325,13 @@ class NamespacePickler(cloudpickle.Pickler):
         )
 
 
-def _reduce_torch(torch: Any, obj: Any, host_copies: dict[tuple[int, int, str], tuple[Any, Any]] | None) -> Any:
+def _reduce_torch(
+    torch: Any,
+    obj: Any,
+    host_copies: dict[tuple[int, int, str], tuple[Any, Any]] | None,
+    *,
+    device_checksums: bool = False,
+) -> Any:
     """A CPU tensor as its storage, shape and strides; a CPU storage as a protocol-5 buffer over its bytes.
 
     torch's own pickling writes a tensor's bytes into the pickle stream (``torch.save``), so every fingerprint
@@ -326,11 +339,21 @@ def _reduce_torch(torch: Any, obj: Any, host_copies: dict[tuple[int, int, str], 
     arrays get: write tracking instead of hashing, chunked deltas, and patching in place on the followers. A
     storage is one object however many tensors view it, so views stay views of one storage after loading.
     With ``host_copies``, a CUDA tensor goes the same way on a host copy of its storage (one copy per storage).
-    Anything else (other devices, subclasses, sparse, quantized, conjugate views, non-leaf tensors that require
-    grad, tensors with attributes) goes through torch's own pickling (NotImplemented)."""
+    With ``device_checksums`` (fingerprints, which are never loaded), a tensor on another device keeps its
+    storage, and a storage on another device is reduced to its size and a checksum of its bytes computed there
+    (:func:`_device_storage`). Anything else (other devices, subclasses, sparse, quantized, conjugate views,
+    non-leaf tensors that require grad, tensors with attributes) goes through torch's own pickling
+    (NotImplemented), as does a device storage whose checksum fails."""
     if isinstance(obj, torch.UntypedStorage):
         if obj.device.type != "cpu":
-            return NotImplemented
+            if not device_checksums or obj.device.type == "meta":
+                return NotImplemented
+            try:
+                checksum = device_checksum(torch, obj)
+            except RuntimeError as exc:  # e.g. no device memory left for its 128 MiB temporary
+                log.debug("checksumming a storage on %s failed (%s): torch pickles it", obj.device, exc)
+                return NotImplemented
+            return (_device_storage, (str(obj.device), checksum))
         if obj.nbytes() == 0:
             return (_rebuild_torch_storage, (b"",))
         # Its numpy view keeps the storage alive as long as the buffer is used.
@@ -346,9 +369,10 @@ def _reduce_torch(torch: Any, obj: Any, host_copies: dict[tuple[int, int, str], 
         return NotImplemented
     storage = obj.untyped_storage()
     if obj.device.type != "cpu":
-        if obj.device.type != "cuda" or host_copies is None:
+        if obj.device.type == "cuda" and host_copies is not None:
+            storage = _host_copy(torch, storage, host_copies)
+        elif not device_checksums or obj.device.type == "meta":
             return NotImplemented
-        storage = _host_copy(torch, storage, host_copies)
     return (
         _rebuild_torch_tensor,
         (
@@ -371,6 +395,11 @@ def _host_copy(torch: Any, storage: Any, copies: dict[tuple[int, int, str], tupl
         device_bytes = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (nbytes,), (1,))
         held = copies[key] = (storage, host_copy(torch, device_bytes).untyped_storage())
     return held[1]
+
+
+def _device_storage(device: str, checksum: bytes) -> Any:
+    """What a device storage stands for in a fingerprint's pickle, which is hashed and never loaded."""
+    raise pickle.UnpicklingError(f"a fingerprint's stand-in for a storage on {device} cannot be loaded")
 
 
 def _rebuild_torch_storage(data: Any) -> Any:

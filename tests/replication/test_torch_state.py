@@ -164,3 +164,62 @@ def test_the_replica_that_sent_a_tensor_patches_it_in_place_when_the_next_execut
     assert a.ns["v"][1].item() == 7.0  # the view still shares the storage
     b.apply(a.run("w[5] = 2.0"))  # and back to a
     assert torch.equal(a.ns["w"], b.ns["w"])
+
+
+def test_a_device_checksum_sees_each_small_change_and_only_the_bytes() -> None:
+    """digest.device_checksum, which fingerprints storages left on a GPU, run here on host storages (the same torch
+    operations on another device): one word, two words of a row (sign flips, a swap), a +1/-2/+1 pattern, the
+    last bytes past whole words, and nothing else than the bytes and their number."""
+    from jupyter_notebookos.replication.digest import DEVICE_ROW_WORDS, device_checksum
+
+    def checksum(t: torch.Tensor) -> bytes:
+        return device_checksum(torch, t.untyped_storage())
+
+    x = torch.randn(2 * DEVICE_ROW_WORDS + 123, dtype=torch.float64)  # whole rows, and words past them
+    before = checksum(x)
+    assert checksum(x.clone()) == before  # another storage with the same bytes
+
+    def negate_two(t: torch.Tensor) -> None:  # 2**31 in two high words: cancels in a sum modulo 2**32
+        t[0] = -t[0]
+        t[1] = -t[1]
+
+    def swap(t: torch.Tensor) -> None:
+        t[[7, 8]] = t[[8, 7]]
+
+    changes = [
+        lambda t: t[5].neg_(),
+        negate_two,
+        swap,
+        lambda t: t.view(torch.int32)[100:103].add_(torch.tensor([1, -2, 1], dtype=torch.int32)),
+        lambda t: t[-1].add_(1),  # past the last whole row
+        lambda t: t[DEVICE_ROW_WORDS // 2].mul_(2),  # in the second row
+    ]
+    for i, change in enumerate(changes):
+        changed = x.clone()
+        change(changed)
+        assert checksum(changed) != before, i
+    for n in (1, 3, 4, 7):  # sizes that end within a word
+        b = torch.zeros(n, dtype=torch.uint8)
+        zero = checksum(b)
+        b[n - 1] = 1
+        assert checksum(b) != zero, n
+        assert zero != checksum(torch.zeros(n + 1, dtype=torch.uint8))  # the size counts
+    assert checksum(torch.empty(0)) == checksum(torch.empty(0, dtype=torch.int64))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_model_left_on_the_gpu_is_fingerprinted_on_the_device(store: ObjectStore) -> None:
+    from unittest import mock
+
+    from jupyter_notebookos.replication import serialization
+
+    a, b = DictReplica(store), DictReplica(store)
+    b.apply(a.step("import torch\nmodel = torch.nn.Linear(1024, 1024, device='cuda')\nw = model.weight")[1])
+    with mock.patch.object(serialization, "device_checksum", wraps=serialization.device_checksum) as summed:
+        delta, _ = a.step("n = sum(p.numel() for p in model.parameters())")  # reaches the model, changes nothing
+        assert "model" not in delta.values and summed.call_count >= 2  # weight and bias, on the device
+    delta, record = a.step("with torch.no_grad():\n    model.weight[3, 4] += 1")
+    assert "model" in delta.values and "w" in delta.values  # w shares the weight's storage
+    b.apply(record)
+    assert b.ns["model"].weight.device.type == "cpu" and b.ns["w"] is b.ns["model"].weight
+    assert torch.equal(b.ns["model"].weight, a.ns["model"].weight.cpu())
