@@ -298,9 +298,24 @@ _is_plain_atom = _PLAIN_ATOMS.__contains__
 _is_mutable = _PLAIN_MUTABLE.__contains__
 
 
+def _one_parent_refs() -> int:
+    """What ``sys.getrefcount`` says, the way _plain_fingerprint's walk asks it, of a container that only its parent
+    holds (the parent's reference, the walk's list's and the call's: 3 on CPython 3.11)."""
+    parent = [[]]
+    level = list(parent)
+    counts = list(map(sys.getrefcount, level))  # (as the walk asks)
+    return counts[0]
+
+
+_ONE_PARENT_REFS = _one_parent_refs()
+#: marshal refuses values nested deeper than this (CPython's MAX_MARSHAL_STACK_DEPTH).
+_MARSHAL_DEPTH = 2000
+
+
 def _plain_fingerprint(value: Any, abort: threading.Event | None = None) -> tuple[bytes, list[int]] | None:
     """The digest of a value made of builtin containers and atoms only, and the ids of the mutable containers in
-    it (for sharing between names); None for any other value (it takes the pickler's way).
+    it that can be shared with other names (the value itself and those held more than once); None for any other
+    value (it takes the pickler's way), or one nested deeper than marshal goes.
 
     A notebook's plain data (a list of a million small dicts, say) is the pickler's slowest case: its memo, copied to
     find what the value shares with other names, was most of the 1.8 s a cell that only read such a list paid. Here
@@ -315,23 +330,35 @@ def _plain_fingerprint(value: Any, abort: threading.Event | None = None) -> tupl
     mutable: list[int] = []
     seen: set[int] = set()
     level: list[Any] = [value]
-    while level:
+    top = True
+    for _ in range(_MARSHAL_DEPTH):
+        if not level:
+            break
         if abort is not None and abort.is_set():
             raise FingerprintAborted()
         kinds = set(map(type, level))
         if not kinds <= _PLAIN_CONTAINERS:
             return None  # an object of another type, bytearray and subclasses of the builtins included
-        ids = list(map(id, level))
+        # Only a container that more than its one parent refers to can be shared with another name or met twice in
+        # this value (a cycle included): the first object two names share, or two paths in one value meet at, is a
+        # root or has two referrers. So the million dicts of a list that alone holds them cost a getrefcount each,
+        # not an id in the sets the state tracker intersects across names.
+        if top:
+            held, top = level, False
+        else:
+            counts = list(map(sys.getrefcount, level))
+            held = list(itertools.compress(level, map(_ONE_PARENT_REFS.__lt__, counts)))
+        ids = list(map(id, held))
         if not seen.isdisjoint(ids):  # some met before (held twice, or a cycle): once is enough
-            fresh = dict(zip(ids, level, strict=True))
-            for oid in seen.intersection(ids):
-                del fresh[oid]
-            ids, level = list(fresh), list(fresh.values())
+            again = seen.intersection(ids)
+            level = [obj for obj in level if id(obj) not in again]
+            held = [obj for obj in held if id(obj) not in again]
+            ids = list(map(id, held))
         seen.update(ids)
         if kinds <= _PLAIN_MUTABLE:
             mutable.extend(ids)
         else:
-            mutable.extend(itertools.compress(ids, map(_is_mutable, map(type, level))))
+            mutable.extend(itertools.compress(ids, map(_is_mutable, map(type, held))))
         if kinds == _ONLY_DICTS:
             members = list(itertools.chain.from_iterable(map(dict.values, level)))
         elif dict not in kinds:
@@ -339,6 +366,9 @@ def _plain_fingerprint(value: Any, abort: threading.Event | None = None) -> tupl
         else:
             members = list(itertools.chain.from_iterable(c.values() if type(c) is dict else c for c in level))
         level = list(itertools.compress(members, map(operator.not_, map(_is_plain_atom, map(type, members)))))
+        del members, held  # (their references would count as more parents)
+    else:
+        return None  # nested deeper than marshal goes (a cycle the walk did not see would end here too)
     if abort is not None and abort.is_set():
         raise FingerprintAborted()
     try:
