@@ -301,7 +301,7 @@ _is_mutable = _PLAIN_MUTABLE.__contains__
 def _one_parent_refs() -> int:
     """What ``sys.getrefcount`` says, the way _plain_fingerprint's walk asks it, of a container that only its parent
     holds (the parent's reference, the walk's list's and the call's: 3 on CPython 3.11)."""
-    parent = [[]]
+    parent: list[list[Any]] = [[]]
     level = list(parent)
     counts = list(map(sys.getrefcount, level))  # (as the walk asks)
     return counts[0]
