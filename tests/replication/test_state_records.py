@@ -46,6 +46,21 @@ def test_unpicklable_values_give_one_warning_naming_them_and_the_rest_replicates
     assert executor.encoded[-1].warning() is None
 
 
+def test_a_reducer_the_notebook_registers_with_copyreg_is_used_from_then_on(executor, replica):
+    """Picklers take copyreg's table when they are made (one dict with cloudpickle's reducers, not a ChainMap looked up
+    per object): a reducer registered by a cell counts for that cell's record and every later one."""
+    executor.run(
+        "import copyreg, threading\nclass Holder:\n    def __init__(self, n=0):\n        self.lock = threading.Lock()\n"
+        "        self.n = n\nh = Holder(1)"
+    )
+    assert set(executor.encoded[-1].unserializable) == {"h"}
+    executor.run("copyreg.pickle(Holder, lambda o: (Holder, (o.n,)))\nh.n = 2")
+    assert not executor.encoded[-1].unserializable
+    replica.apply(executor.records[-2])
+    replica.apply(executor.records[-1])
+    assert replica.eval("(type(h).__name__, h.n, h.lock.acquire(blocking=False))") == ("Holder", 2, True)
+
+
 def test_numpy_views_of_named_arrays_stay_views_once_loaded(store):
     """numpy pickles a view as a copy; a record rebuilds it as a view of the named array it lies in, so that a write
     through it on the replica that loaded it (once that one runs cells) reaches the array, as on the executor."""
