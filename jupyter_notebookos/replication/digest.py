@@ -81,24 +81,20 @@ def content_digest(data: bytes | bytearray | memoryview) -> str:
 DEVICE_ROW_WORDS = 1 << 20
 #: ... this many rows per step: one multiply and two sums over 64 MiB of device memory, with a 128 MiB temporary.
 DEVICE_STEP_ROWS = 16
-_device_weights: dict[str, Any] = {}  # device -> the weights of one row (int64, on that device)
 
 
-def _row_weights(torch: Any, device: Any) -> Any:
-    """The weights of a row's words: distinct odd numbers below 2**31 in a scrambled order, made on ``device``
-    (8 MiB, once per device). ``i`` goes through bijections of the 30-bit numbers (multiplications by odd
-    constants, xor-shifts), so no two words of a row weigh the same and neighbouring weights are unrelated (with
-    weights linear in ``i``, a change of +k, -2k, +k to three neighbouring words would cancel)."""
-    key = str(device)
-    weights = _device_weights.get(key)
-    if weights is None:
-        mask = (1 << 30) - 1
-        x = torch.arange(DEVICE_ROW_WORDS, dtype=torch.int64, device=device) * 0x2545F491 & mask
-        x ^= x >> 15
-        x = x * 0x1B873593 & mask
-        x ^= x >> 13
-        weights = _device_weights[key] = x * 2 + 1
-    return weights
+def _row_weights(torch: Any, device: Any, count: int) -> Any:
+    """The weights of the first ``count`` words of a row: distinct odd numbers below 2**31 in a scrambled order,
+    made on ``device`` for each checksum (kept, they would hold device memory after the replica released its GPU).
+    ``i`` goes through bijections of the 30-bit numbers (multiplications by odd constants, xor-shifts), so no two
+    words of a row weigh the same and neighbouring weights are unrelated (with weights linear in ``i``, a change of
+    +k, -2k, +k to three neighbouring words would cancel)."""
+    mask = (1 << 30) - 1
+    x = torch.arange(count, dtype=torch.int64, device=device) * 0x2545F491 & mask
+    x ^= x >> 15
+    x = x * 0x1B873593 & mask
+    x ^= x >> 13
+    return x * 2 + 1
 
 
 def device_checksum(torch: Any, storage: Any) -> bytes:
@@ -118,7 +114,7 @@ def device_checksum(torch: Any, storage: Any) -> bytes:
     if nbytes:
         data.set_(storage, 0, (nbytes,), (1,))
     words = data[: nbytes // 4 * 4].view(torch.int32)
-    weights = _row_weights(torch, storage.device)
+    weights = _row_weights(torch, storage.device, min(words.numel(), DEVICE_ROW_WORDS))
     sums: list[Any] = []
     rows = words.numel() // DEVICE_ROW_WORDS
     step = DEVICE_STEP_ROWS
