@@ -64,12 +64,19 @@ class Kernel:
     conn: KernelConnection
     latencies: list[float] = field(default_factory=list)
     last_reply: CellResult | None = None
+    # NotebookOS: each executor change, as (the cell's number in this kernel, the replica that ran it).
+    executors: list[tuple[int, str]] = field(default_factory=list)
+    cells: int = 0
 
     def run(self, code: str, timeout: float = 120.0) -> float:
         result = self.conn.execute(code, timeout)
         if result.status != "ok":
             raise RuntimeError(f"cell {code!r} failed on {self.kernel_id}: {result.reply['content']}")
         self.last_reply = result
+        self.cells += 1
+        replica = result.notebookos.get("replica")
+        if replica and (not self.executors or self.executors[-1][1] != replica):
+            self.executors.append((self.cells, replica))
         return result.seconds
 
     def close(self) -> None:

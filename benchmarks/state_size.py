@@ -232,6 +232,15 @@ def main(argv: list[str] | None = None) -> int:
             huge[label] = anon_huge_kb(pid)
 
     report(console, trivial, changes, arrays, own, huge, methods, args.state, python_objects)
+    # A replica that became the executor holds what it loaded from records, not the arrays numpy allocated (and
+    # madvised for huge pages) in the first executor: the AnonHugePages row means something else then.
+    moves = kernels["notebookos"].executors
+    if moves:
+        console.print(
+            f"NotebookOS executor: {moves[0][1]} from the first cell"
+            + "".join(f", {replica} from cell {cell}" for cell, replica in moves[1:])
+            + f" (of {kernels['notebookos'].cells})"
+        )
     leftovers = processes_of(Path(tmp) / "state")
     if leftovers:
         console.print(f"[red]left-over processes: {[p.pid for p in leftovers]}[/red]")
