@@ -273,7 +273,7 @@ def report(
             f"trivial cell, {held} held: p50 / p99 ({len(lat['plain'])} cells)",
             f"{ms(p50)} / {ms(p99)}",
             f"{ms(n50)} / {ms(n99)}",
-            f"+{(n50 - p50) * 1e3:.1f} ms at p50",
+            f"{(n50 - p50) * 1e3:+.1f} ms at p50",
             "<= +5 ms",
         )
 
@@ -286,7 +286,7 @@ def report(
             f"1 MiB changed in a 1 GB array: reply (median of {len(changes)})",
             ms(pr),
             ms(nr),
-            f"+{(nr - pr) * 1e3:.1f} ms",
+            f"{(nr - pr) * 1e3:+.1f} ms",
             "",
         )
         sent = [c["bytes"] for c in changes]
@@ -309,14 +309,14 @@ def report(
         trivial_row(f"{count} small dicts", step)
         pr, nr = statistics.median(step["reach plain"]), statistics.median(step["reach notebookos"])
         table.add_row(
-            "  a cell that reaches them, len(objs) (median of 3)", ms(pr), ms(nr), f"+{(nr - pr) * 1e3:.1f} ms", ""
+            "  a cell that reaches them, len(objs) (median of 3)", ms(pr), ms(nr), f"{(nr - pr) * 1e3:+.1f} ms", ""
         )
         pi, ni = statistics.median(step["idle plain"]), statistics.median(step["idle notebookos"])
         table.add_row(
             "  trivial cell during the idle verification (median of 3)",
             ms(pi),
             ms(ni),
-            f"+{(ni - pi) * 1e3:.1f} ms",
+            f"{(ni - pi) * 1e3:+.1f} ms",
             "",
         )
     if arrays["plain"]:
