@@ -224,8 +224,13 @@ class NamespacePickler(cloudpickle.Pickler):
     ):
         # cloudpickle's dispatch table is a ChainMap (its reducers, then copyreg's), and the C pickler looks the type
         # of every object it cannot save itself up in it: through ChainMap.__getitem__, in Python, about a
-        # microsecond per object (a third of a second for 300,000 instances). One dict with the same precedence.
-        self.dispatch_table = dict(getattr(type(self), "dispatch_table"))  # noqa: B009 (an instance-only attribute to mypy)
+        # microsecond per object (a third of a second for 300,000 instances). One dict with the same precedence,
+        # merged map by map (dict() of the ChainMap reads it key by key in Python: 14 us per pickler, against 1.5).
+        chained = getattr(type(self), "dispatch_table")  # noqa: B009 (an instance-only attribute to mypy)
+        table: dict[Any, Any] = {}
+        for reducers in reversed(getattr(chained, "maps", [chained])):
+            table.update(reducers)
+        self.dispatch_table = table
         super().__init__(file, protocol=PROTOCOL, buffer_callback=buffer_callback)
         self.namespace = namespace
         self.numpy_views = numpy_views
