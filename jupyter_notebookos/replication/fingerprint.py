@@ -236,7 +236,7 @@ def fingerprint(
         gc.disable()
         try:
             memo = pickler.memo.copy()
-            _shared_ids(memo, namespace, shared_ids)
+            _shared_ids(memo, namespace, shared_ids, id(value))
         finally:
             if collecting:
                 gc.enable()
@@ -380,23 +380,66 @@ def _plain_fingerprint(value: Any, abort: threading.Event | None = None) -> tupl
     return digest.digest(), mutable
 
 
-#: Mutable containers, always shareable (the common case, checked first).
+#: Mutable builtin containers, always shareable (the common case, checked first).
 _CONTAINERS = frozenset({dict, list, set, bytearray})
+#: Those of them whose sharing only references carry (a bytearray's memory can be viewed from elsewhere).
+_REFERENCED_CONTAINERS = frozenset({dict, list, set})
 
 
-def _shared_ids(memo: dict[int, tuple[int, Any]], namespace: Mapping[str, Any], out: list[int]) -> None:
+def _memo_one_parent_refs() -> int:
+    """What ``sys.getrefcount`` says, the way _shared_ids' loop asks it, of an object in a pickler's memo that only
+    its parent holds (the parent's reference, the pickler's memo's, the memo copy's, the loop's and the call's)."""
+    value: list[list[Any]] = [[]]
+    pickler = _Pickler(AbortableWriter(None, lambda _: None), namespace={}, device_to_host=False, numpy_views=False)
+    pickler.dump(value)
+    memo = pickler.memo.copy()
+    for key, (_, obj) in memo.items():  # (as the loop asks)
+        if key != id(value) and type(obj) is list:
+            return sys.getrefcount(obj)
+    raise AssertionError("the pickler memoized no inner list")
+
+
+_MEMO_ONE_PARENT_REFS = _memo_one_parent_refs()
+
+
+def _notebook_class(kind: type, module: object) -> bool:
+    """Whether every class ``kind`` derives from, but ``object``, is defined in the notebook: what its instances hold
+    they hold through Python references (a torch tensor's storage, held in C++, is not one)."""
+    return all(c is object or c.__module__ == module for c in kind.__mro__)
+
+
+def _shared_ids(memo: dict[int, tuple[int, Any]], namespace: Mapping[str, Any], out: list[int], value_id: int) -> None:
     """Append the ids of the shareable objects in a pickler's memo, and of the objects whose memory the numpy
     arrays in it view: a view and its base count as one object shared by their names (a write through one
-    changes the other, whose pickle alone does not say so)."""
+    changes the other, whose pickle alone does not say so).
+
+    A dict, list or set, or an instance of a notebook class, that only its parent holds is left out (but the value
+    itself, ``value_id``, never is), as :func:`_plain_fingerprint` does for plain data: it can be neither shared
+    with another name nor met twice in the value (the first object two names share, or two paths meet at, is
+    a name's value or has two referrers). 300,000 instances of a notebook class are 600,000 objects here (each
+    with its ``__dict__``). Objects whose memory may be shared without a Python reference (arrays, tensors,
+    storages, bytearrays, instances of library classes) are counted whatever their references."""
     numpy = sys.modules.get("numpy")
     ndarray = numpy.ndarray if numpy is not None else None
     append = out.append
+    refcount, one_parent = sys.getrefcount, _MEMO_ONE_PARENT_REFS
+    module = namespace.get("__name__", "__main__")
+    notebook_class: dict[type, bool] = {}  # (per call: a class redefined in a later cell is another type)
     for key, (_, obj) in memo.items():
         kind = type(obj)
-        if kind in _CONTAINERS:
-            append(key)
+        if kind in _REFERENCED_CONTAINERS:
+            if key == value_id or refcount(obj) > one_parent:
+                append(key)
             continue
-        if kind in _UNSHARED_TYPES or not _shareable(obj, namespace):
+        if kind in _UNSHARED_TYPES:
+            continue
+        if kind is not bytearray:
+            ours = notebook_class.get(kind)
+            if ours is None:
+                ours = notebook_class[kind] = _notebook_class(kind, module)
+            if ours and key != value_id and refcount(obj) <= one_parent:
+                continue
+        if kind not in _CONTAINERS and not _shareable(obj, namespace):
             continue
         append(key)
         if ndarray is not None and isinstance(obj, ndarray) and obj.base is not None:

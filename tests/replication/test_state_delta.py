@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from IPython.core.interactiveshell import InteractiveShell
 from replication_harness import Executor
 
+from jupyter_notebookos.replication import fingerprint as fp
 from jupyter_notebookos.replication.objectstore import ObjectStore
 from jupyter_notebookos.replication.serialization import apply_record, encode_delta
 from jupyter_notebookos.replication.state import StateTracker, cell_bindings
@@ -77,6 +78,37 @@ def test_rebinding_to_an_existing_object_brings_its_other_names(executor):
     delta = executor.run("c = a")
     assert set(delta.values) == {"a", "c"}
     assert delta.why["a"] == "shares an object with c"
+
+
+def test_what_instances_of_a_notebook_class_share_deep_inside_is_found(executor, replica, monkeypatch):
+    """The pickler's way names only the dicts, lists, sets and instances of notebook classes held more than once
+    (300,000 instances are 600,000 objects with their __dict__s): sharing deep inside must still be found, and
+    objects of library classes (whose memory could be shared without a reference) are named whatever they hold."""
+    executor.run(
+        "import types\nclass Row:\n    def __init__(self, i):\n        self.i = i\n        self.tags = ['a']\n"
+        "rows = [Row(i) for i in range(100)]\nholder = Row(-1)\nholder.link = rows[30]\ntags = rows[40].tags\n"
+        "spaces = [types.SimpleNamespace(k=1)]"
+    )
+    replica.apply(executor.records[-1])
+    groups = executor.tracker.groups
+    assert groups is not None and {"rows", "holder", "tags"} <= groups["rows"] and "spaces" not in groups["rows"]
+    ns, shared = executor.ns, []
+    fp.fingerprint(ns["rows"], ns, shared)
+    assert {id(ns["rows"]), id(ns["rows"][30]), id(ns["tags"])} <= set(shared)
+    assert id(ns["rows"][0]) not in shared and id(ns["rows"][0].__dict__) not in shared
+    shared.clear()
+    fp.fingerprint(ns["spaces"], ns, shared)
+    assert id(ns["spaces"][0]) in shared  # (types.SimpleNamespace: not a notebook class)
+    delta = executor.run("tags.append('deep')\nholder.link.i = -30")
+    assert {"rows", "holder", "tags"} <= set(delta.values)
+    replica.apply(executor.records[-1])
+    assert replica.eval("holder.link is rows[30] and tags is rows[40].tags") is True
+    assert replica.eval("(rows[30].i, rows[40].tags[-1])") == (-30, "deep")
+    # Were an object held twice taken for one its parent alone holds, the sharing would go unseen.
+    monkeypatch.setattr(fp, "_MEMO_ONE_PARENT_REFS", 99)
+    shared.clear()
+    fp.fingerprint(ns["rows"], ns, shared)
+    assert shared == [id(ns["rows"])]
 
 
 def test_ipython_names_and_unchanged_values_are_not_in_the_delta(executor):
@@ -171,9 +203,9 @@ def _sharing(ns: dict, names: list[str]) -> set[tuple[str, str]]:
     """Pairs of names that reach a common list, or arrays over common memory."""
 
     def reach(v, out):
-        if isinstance(v, list) and id(v) not in out:
+        if (isinstance(v, list) or type(v).__name__ == "Box") and id(v) not in out:
             out.add(id(v))
-            for item in v:
+            for item in v if isinstance(v, list) else vars(v).values():
                 reach(item, out)
         elif isinstance(v, np.ndarray) and v.size:  # (an empty view shares nothing a write could reach)
             while isinstance(v.base, np.ndarray):
@@ -183,6 +215,20 @@ def _sharing(ns: dict, names: list[str]) -> set[tuple[str, str]]:
 
     sets = {n: reach(ns[n], set()) for n in names if n in ns}
     return {(a, b) for a in sets for b in sets if a < b and sets[a] & sets[b]}
+
+
+def _shape(value: object, seen: dict[int, int] | None = None) -> object:
+    """A comparable picture of a value made of lists, Boxes (the notebook class below), arrays and atoms, with the
+    objects it holds twice (or in a cycle) as references to where they were first met."""
+    seen = {} if seen is None else seen
+    if id(value) in seen:
+        return ("again", seen[id(value)])
+    if isinstance(value, list) or type(value).__name__ == "Box":
+        seen[id(value)] = len(seen)
+        if isinstance(value, list):
+            return [_shape(item, seen) for item in value]
+        return ("Box", sorted((key, _shape(item, seen)) for key, item in vars(value).items()))
+    return pickle.dumps(value)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -216,16 +262,17 @@ def test_delta_rule_keeps_a_replica_equal_including_sharing(ops):
         ns.pop(name, None)
 
 
-def _take_turns(turns: list, start: dict) -> None:
-    """Two replicas over namespaces that begin as ``start``, each running the cells of the turns that name it and
-    applying the other's records; after every cell both hold equal values, sharing alike."""
+def _take_turns(turns: list, start: dict, setup: str = "def grow(o):\n    o.append(0)") -> None:
+    """Two replicas over namespaces that begin as ``start``, each running the cells of the turns that name it (after
+    ``setup``, on the first) and applying the other's records; after every cell both hold equal values, sharing
+    alike."""
     with tempfile.TemporaryDirectory() as tmp:
         store = ObjectStore(f"file://{tmp}")
         spaces: dict[str, dict] = {"a": dict(start), "b": dict(start)}
         trackers = {key: StateTracker(ns) for key, ns in spaces.items()}
         for tracker in trackers.values():
             assert tracker.prepare()
-        for who, (template, target, source) in [("a", ("def grow(o):\n    o.append(0)", "", "")), *turns]:
+        for who, (template, target, source) in [("a", (setup, "", "")), *turns]:
             code = template.format(target, source)
             ns, other = spaces[who], spaces["b" if who == "a" else "a"]
             trackers[who].before_cell(code)
@@ -235,7 +282,7 @@ def _take_turns(turns: list, start: dict) -> None:
             trackers["b" if who == "a" else "a"].apply(record, store)
             present = [n for n in NAMES if n in ns]
             assert [n for n in NAMES if n in other] == present, code
-            assert {n: pickle.dumps(ns[n]) for n in present} == {n: pickle.dumps(other[n]) for n in present}, code
+            assert {n: _shape(ns[n]) for n in present} == {n: _shape(other[n]) for n in present}, code
             assert _sharing(ns, present) == _sharing(other, present), code
 
 
@@ -256,3 +303,20 @@ _array_op = _ops("{0} = np.zeros(4)", "{0} = {1}[1:]", "{0}[0] += 1", "{0} = [{1
 def test_replicas_taking_turns_keep_views_of_arrays_as_views(turns):
     """As above, with numpy arrays and views of them: a view and its base stay one memory on both replicas."""
     _take_turns(turns, {"np": np})
+
+
+_object_op = _ops(
+    "{0} = Box()", "{0} = Box({1})", "{0} = {1}", "{0}.item = {1}", "touch({0})", "{0} = [{1}]", "del {0}"
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from("ab"), _object_op), min_size=1, max_size=12))
+def test_replicas_taking_turns_keep_instances_of_a_notebook_class_shared(turns):
+    """As above, with instances of a class the notebook defines, which the pickler's way fingerprints naming only
+    those held more than once (fingerprint.py, _shared_ids)."""
+    setup = (
+        "class Box:\n    def __init__(self, item=None):\n        self.item = item\n"
+        "def touch(o):\n    o.n = getattr(o, 'n', 0) + 1"
+    )
+    _take_turns(turns, {"__name__": "__main__"}, setup)
