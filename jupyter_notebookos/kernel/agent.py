@@ -467,6 +467,14 @@ class ReplicaAgent:
             self._refusal(r, executor_key, executor_items, fence, i.items)
             for r, i in zip(records, result.results[1:], strict=True)
         ]
+        ours = [o.seq for o in outcomes if o.written]
+        if ours:
+            # An earlier attempt of ours was applied after its answer was lost (etcd, paused, resumed with the
+            # requests it had queued), and the applied seq it put may have gone with the lease it was bound to (an
+            # outage that outlived the lease; the registration put again since says the seq reported before). The
+            # reporter puts it again with the lease held now: else the router, which learns from that key that this
+            # replica holds the cell's state, waits for it to catch up with its own cell.
+            self._set_applied_target(max(ours))
         if len(records) > 1:
             # Something in the batch did not hold: each record not written yet goes on its own (and says why).
             return [
