@@ -200,7 +200,7 @@ _op = _ops("{0} = []", "{0} = {1}", "{0} = [{1}]", "{0}.append(len({0}))", "grow
 
 
 def _sharing(ns: dict, names: list[str]) -> set[tuple[str, str]]:
-    """Pairs of names that reach a common list, or arrays over common memory."""
+    """Pairs of names that reach a common list or Box, or arrays over common memory."""
 
     def reach(v, out):
         if (isinstance(v, list) or type(v).__name__ == "Box") and id(v) not in out:
@@ -223,12 +223,14 @@ def _shape(value: object, seen: dict[int, int] | None = None) -> object:
     seen = {} if seen is None else seen
     if id(value) in seen:
         return ("again", seen[id(value)])
-    if isinstance(value, list) or type(value).__name__ == "Box":
-        seen[id(value)] = len(seen)
-        if isinstance(value, list):
-            return [_shape(item, seen) for item in value]
-        return ("Box", sorted((key, _shape(item, seen)) for key, item in vars(value).items()))
-    return pickle.dumps(value)
+    if not (isinstance(value, list | np.ndarray) or type(value).__name__ == "Box"):
+        return pickle.dumps(value)
+    seen[id(value)] = len(seen)
+    if isinstance(value, np.ndarray):
+        return pickle.dumps(value)
+    if isinstance(value, list):
+        return [_shape(item, seen) for item in value]
+    return ("Box", sorted((key, _shape(item, seen)) for key, item in vars(value).items()))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
