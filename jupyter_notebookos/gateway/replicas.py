@@ -72,6 +72,9 @@ class KernelReplicas:
         self._replicas: dict[str, Replica] = {}
         # Applied sequences etcd reported for replicas not (or no longer) recorded: kept for when they register.
         self._unknown_applied: dict[str, int] = {}
+        # What a replica whose registration vanished had applied, and which process it was: the same process,
+        # registering again (its lease ended in an etcd outage), still holds that state (see register()).
+        self._gone_applied: dict[str, tuple[tuple[object, ...], int]] = {}
 
     # -- reading ------------------------------------------------------------------------------------------
 
@@ -155,6 +158,7 @@ class KernelReplicas:
             )
         replica = Replica(replica_id, host, Phase.STARTING, applied_seq=self._unknown_applied.pop(replica_id, -1))
         self._replicas[replica_id] = replica
+        self._gone_applied.pop(replica_id, None)  # another process under that id
         return replica
 
     def started(self, replica_id: str, handle: ReplicaHandle) -> None:
@@ -207,6 +211,11 @@ class KernelReplicas:
         replica.registration = registration
         replica.reason = ""
         replica.applied_seq = max(replica.applied_seq, registration.applied_seq)
+        before = self._gone_applied.pop(rid, None)
+        if before is not None and before[0] == _process_of(registration):
+            # The registration says what the replica had reported to etcd, which can be less than it holds: the
+            # state of a cell it ran, whose applied seq went with the lease that etcd ended. The router knew.
+            replica.applied_seq = max(replica.applied_seq, before[1])
         return replica
 
     def note_applied(self, replica_id: str, seq: int) -> None:
@@ -226,6 +235,8 @@ class KernelReplicas:
         if replica is None:
             return None, False
         registration, retiring = replica.registration, replica.phase is Phase.RETIRING
+        if registration is not None and not retiring:
+            self._gone_applied[replica_id] = (_process_of(registration), replica.applied_seq)
         replica.registration, replica.applied_seq = None, -1
         if registration is not None or replica.phase is not Phase.FAILED:
             replica.phase, replica.reason = Phase.GONE, why
@@ -239,3 +250,14 @@ class KernelReplicas:
     def _prune(self, replica: Replica) -> None:
         if replica.handle is None and replica.registration is None and replica.phase in (Phase.GONE, Phase.RETIRING):
             del self._replicas[replica.replica_id]
+
+
+def _process_of(registration: ReplicaRegistration) -> tuple[object, ...]:
+    """What tells one replica process from another under the same id (as ReplicaRouter._rejoined compares them)."""
+    return (
+        registration.pid,
+        registration.pod,
+        registration.ip,
+        registration.shell_port,
+        registration.iopub_port,
+    )

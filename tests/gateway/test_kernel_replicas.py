@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from jupyter_notebookos.gateway.replicas import KernelReplicas, Phase, Replica, ReplicaIdError, scheduler_id
@@ -64,6 +66,25 @@ def test_a_lost_replica_is_gone_but_held_until_the_platform_releases_its_process
     replicas.gone("1", "again")
     assert replicas.release("1") is handle
     assert "1" not in replicas and replicas.release("1") is None
+
+
+def test_the_same_process_registering_again_keeps_what_the_router_knew_it_applied() -> None:
+    """etcd ended a replica's lease in an outage after the router saw it reply to cell 2, and the registration it puts
+    again says the seq it had reported to etcd (1). The same process still holds cell 2's state: the router keeps 2
+    (with 1, a next cell that prefers it waited the launch timeout, a minute, for it to catch up with its own cell).
+    Another process under the id is taken at its word."""
+    replicas = KernelReplicas(KERNEL)
+    started(replicas, "0")
+    replicas.register(registration("0", applied_seq=1))
+    replicas.note_applied("0", 2)  # the router saw it reply to cell 2
+    replicas.gone("0", "its etcd lease ended")
+    assert replicas.applied("0") == -1
+    replicas.register(registration("0", applied_seq=1, lease=8))
+    assert replicas.applied("0") == 2
+    replicas.note_applied("0", 3)
+    replicas.gone("0", "its etcd lease ended")
+    replicas.register(dataclasses.replace(registration("0", applied_seq=1, lease=9), pid=101))
+    assert replicas.applied("0") == 1
 
 
 def test_a_retired_replica_is_not_a_loss_and_leaves_no_trace() -> None:
