@@ -212,7 +212,7 @@ class KernelReplicas:
         replica.reason = ""
         replica.applied_seq = max(replica.applied_seq, registration.applied_seq)
         before = self._gone_applied.pop(rid, None)
-        if before is not None and before[0] == _process_of(registration):
+        if before is not None and before[0] == process_of(registration):
             # The registration says what the replica had reported to etcd, which can be less than it holds: the
             # state of a cell it ran, whose applied seq went with the lease that etcd ended. The router knew.
             replica.applied_seq = max(replica.applied_seq, before[1])
@@ -236,7 +236,7 @@ class KernelReplicas:
             return None, False
         registration, retiring = replica.registration, replica.phase is Phase.RETIRING
         if registration is not None and not retiring:
-            self._gone_applied[replica_id] = (_process_of(registration), replica.applied_seq)
+            self._gone_applied[replica_id] = (process_of(registration), replica.applied_seq)
         replica.registration, replica.applied_seq = None, -1
         if registration is not None or replica.phase is not Phase.FAILED:
             replica.phase, replica.reason = Phase.GONE, why
@@ -252,12 +252,7 @@ class KernelReplicas:
             del self._replicas[replica.replica_id]
 
 
-def _process_of(registration: ReplicaRegistration) -> tuple[object, ...]:
-    """What tells one replica process from another under the same id (as ReplicaRouter._rejoined compares them)."""
-    return (
-        registration.pid,
-        registration.pod,
-        registration.ip,
-        registration.shell_port,
-        registration.iopub_port,
-    )
+def process_of(registration: ReplicaRegistration) -> tuple[object, ...]:
+    """What tells one replica process from another under the same id: a registration put again by the same process
+    (its lease ended in an etcd outage) has the same pid, address and ports."""
+    return (registration.pid, registration.ip, registration.shell_port, registration.iopub_port)

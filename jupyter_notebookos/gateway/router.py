@@ -67,7 +67,7 @@ from jupyter_notebookos.gateway.relay import (
     forget_local_clients,
     local_clients_of,
 )
-from jupyter_notebookos.gateway.replicas import KernelReplicas
+from jupyter_notebookos.gateway.replicas import KernelReplicas, process_of
 from jupyter_notebookos.gateway.replicaset import ReplicaSetView
 from jupyter_notebookos.gateway.routerstate import log
 from jupyter_notebookos.gateway.waitnotice import WaitNotice
@@ -329,12 +329,7 @@ class ReplicaRouter(RouterRelay, ReplicaSetView, CellCommits):
             return None
         link, why = held
         before = link.registration
-        same = before.pid == registration.pid and (before.ip, before.shell_port, before.iopub_port) == (
-            registration.ip,
-            registration.shell_port,
-            registration.iopub_port,
-        )
-        if same:
+        if process_of(before) == process_of(registration):
             link.registration = registration
             return link
         link.close()

@@ -380,9 +380,8 @@ def _plain_fingerprint(value: Any, abort: threading.Event | None = None) -> tupl
     return digest.digest(), mutable
 
 
-#: Mutable builtin containers, always shareable (the common case, checked first).
-_CONTAINERS = frozenset({dict, list, set, bytearray})
-#: Those of them whose sharing only references carry (a bytearray's memory can be viewed from elsewhere).
+#: Mutable builtin containers, always shareable (the common case, checked first) when more than their parent holds
+#: them; a bytearray always (its memory can be viewed from elsewhere).
 _REFERENCED_CONTAINERS = frozenset({dict, list, set})
 
 
@@ -431,15 +430,17 @@ def _shared_ids(memo: dict[int, tuple[int, Any]], namespace: Mapping[str, Any], 
             if key == value_id or refcount(obj) > one_parent:
                 append(key)
             continue
+        if kind is bytearray:
+            append(key)
+            continue
         if kind in _UNSHARED_TYPES:
             continue
-        if kind is not bytearray:
-            ours = notebook_class.get(kind)
-            if ours is None:
-                ours = notebook_class[kind] = _notebook_class(kind, module)
-            if ours and key != value_id and refcount(obj) <= one_parent:
-                continue
-        if kind not in _CONTAINERS and not _shareable(obj, namespace):
+        ours = notebook_class.get(kind)
+        if ours is None:
+            ours = notebook_class[kind] = _notebook_class(kind, module)
+        if ours and key != value_id and refcount(obj) <= one_parent:
+            continue
+        if not _shareable(obj, namespace):
             continue
         append(key)
         if ndarray is not None and isinstance(obj, ndarray) and obj.base is not None:
