@@ -88,9 +88,9 @@ def test_three_replicas_on_distinct_hosts_and_every_output_exactly_once(kernel: 
 def test_two_clients_see_the_output_of_each_others_cells(kernel: tuple[GatewayClient, str]) -> None:
     client, kernel_id = kernel
     with client.connect(kernel_id) as first, client.connect(kernel_id) as second:
-        # A websocket's iopub subscription is live once its open() has nudged the kernel, which the client does not
-        # see (ZMQ drops what a PUB socket sends before a subscriber joins, as with stock Jupyter): a cell of its own
-        # shows that it is.
+        # The second connection's own cell first: its messages come in-process from the start, even when the first
+        # one's nudge made the kernel busy and its open did not nudge it (whose iopub subscription could still be
+        # joining: ZMQ drops what a PUB socket sends before then).
         assert second.execute("print('ready')").stdout == "ready\n"
         result = first.execute("print('shared')")
         assert result.stdout == "shared\n"

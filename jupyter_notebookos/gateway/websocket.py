@@ -71,12 +71,14 @@ called by the router's ``ClientSocket``): the stream's receiver gets it at once,
 (shell, control, stdin) then goes no further; an iopub message still goes over ZMQ, for the kernel manager's
 activity watch, and this handler drops that copy when it comes (by its header frame; jupyter_client's session would
 refuse it anyway, as a signature seen twice). A connection takes messages in-process only once nothing the router
-sent it over ZMQ is still on its way: after it takes the session's streams (open, a restored buffer, a hand-over),
+sent it over ZMQ is still on its way: after it takes the session's streams (a restored buffer, a hand-over),
 messages go over ZMQ until the copy of the latest one the router sent has come through this handler. Before that,
 a reconnect while a cell printed could get newer output before older output still on its way over ZMQ (measured:
-4 of 8 reconnects). Lines written to the connection the client closed are lost, as with a plain kernel, but more of
-them: a NotebookOS kernel's output reaches the client later (3000 flushed lines: the client had the last one
-1.7-2.1 s after the request, 1.0-1.1 s from a plain kernel; the replica itself took 1.2 s against 0.7-0.9 s).
+4 of 8 reconnects). New streams have nothing on their way: they take messages in-process at once, nudged or not
+(the stock open does not nudge a busy kernel, and a message sent before the new iopub subscription was live was
+lost, as with a stock kernel). Lines written to the connection the client closed are lost, as with a plain kernel,
+but more of them: a NotebookOS kernel's output reaches the client later (3000 flushed lines: the client had the last
+one 1.7-2.1 s after the request, 1.0-1.1 s from a plain kernel; the replica itself took 1.2 s against 0.7-0.9 s).
 
 **A restart may move a NotebookOS kernel to other ports** (its router binds other ones when one was taken meanwhile,
 see relay.bind_client_socket). The stock handler notices that only when it restores a buffered session, and only
@@ -139,6 +141,7 @@ class KernelChannelsHandler(ZMQChannelsHandler):
         self._opened = False
         self._proven = False
         self._nudging: Any = None  # the stock open's nudge of the kernel, while it runs
+        self._created_streams = False  # create_stream ran (new streams, nothing on its way over them)
 
     async def _register_session(self) -> None:
         """Name this connection's session; never wait for (or close) an earlier connection of it."""
@@ -159,10 +162,16 @@ class KernelChannelsHandler(ZMQChannelsHandler):
         if holder is None or holder is self or not holder.channels or kernel_id not in self.kernel_manager:
             # The stock way: restore a buffered session, or new streams; then nudge the kernel.
             self._renew_buffered_streams()
+            restoring = self._buffered() is not None
+            self._created_streams = False
             connected = super().open(kernel_id)
             if kernel_id in self.kernel_manager and self.channels:
                 self._open_sessions[self.session_key] = self
-                self._take_messages_in_process()
+                # New streams (no buffered session restored into them) have nothing on their way: in-process at
+                # once. The nudge no longer proves that the iopub subscription is live, and need not: a kernel
+                # found busy is not nudged at all, and its output went to a subscription not yet live (lost, as
+                # with a stock kernel; CI: a second client's first cell answered without its stream).
+                self._take_messages_in_process(fresh=self._created_streams and not restoring)
             self._nudging = connected
             return await connected if connected is not None else None
         self.log.warning("Replacing stale connection: %s (it stays open on standby)", self.session_key)
@@ -328,7 +337,13 @@ class KernelChannelsHandler(ZMQChannelsHandler):
         # pyzmq's ZMQStream (pinned: 24.0.1) keeps its receiver here; one that wants zmq.Frame objects (copy=False)
         # gets the ZMQ copy instead.
         receiver = getattr(stream, "_recv_callback", None)
-        if receiver is None or not getattr(stream, "_recv_copy", False):
+        if receiver is None and stream is iopub:
+            # Between the stock open's nudge and its hooking up of the streams' receivers (both done callbacks of
+            # the nudge): this handler's own, as a copy queued in the socket would get it a moment later.
+            def receiver(frames: list[bytes]) -> None:
+                self._on_zmq_reply(stream, frames)
+
+        elif receiver is None or not getattr(stream, "_recv_copy", False):
             return False
         if channel != "iopub":
             identity = getattr(stream, "notebookos_identity", None)
@@ -371,6 +386,7 @@ class KernelChannelsHandler(ZMQChannelsHandler):
     def create_stream(self) -> None:
         """The stock streams, each noting the kernel's port it connects to (see _stale)."""
         super().create_stream()
+        self._created_streams = True
         kernel = self.kernel_manager.get_kernel(self.kernel_id)
         for name, stream in self.channels.items():
             stream.notebookos_port = getattr(kernel, f"{name}_port", None)
@@ -397,13 +413,19 @@ class KernelChannelsHandler(ZMQChannelsHandler):
             stream.on_recv_stream(self._on_zmq_reply)
         self._take_messages_in_process(fresh=True)
 
+    def _buffered(self) -> dict[str, Any] | None:
+        """What the kernel manager buffers for this connection's session (its last connection closed), if anything:
+        the stock open restores it."""
+        buffered = getattr(self.kernel_manager, "_kernel_buffers", {}).get(self.kernel_id)
+        return buffered if buffered and buffered.get("session_key") == self.session_key else None
+
     def _renew_buffered_streams(self) -> None:
         """The session's buffered streams (its last connection closed), if a restart moved the kernel since, are
         replaced by new ones before the stock open restores them: the stock open checks the kernel manager's
         ``ports_changed``, which says so only once per kernel (to whichever connection asks first). The new ones get
         no receiver here: the stock open hooks them up after it replays the buffer."""
-        buffered = getattr(self.kernel_manager, "_kernel_buffers", {}).get(self.kernel_id)
-        if not buffered or buffered.get("session_key") != self.session_key or not self._stale(buffered["channels"]):
+        buffered = self._buffered()
+        if buffered is None or not self._stale(buffered["channels"]):
             return
         self._replace_streams(buffered["channels"])
         buffered["channels"], self.channels = self.channels, {}

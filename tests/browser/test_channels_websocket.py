@@ -280,6 +280,47 @@ def test_a_notebookos_kernels_messages_reach_its_websockets_in_process_once_and_
         shutdown_kernel(url, token, kernel)
 
 
+def test_a_connection_opened_while_a_notebookos_kernel_is_busy_takes_its_messages_in_process_at_once(
+    shared_up: Platform,
+) -> None:
+    """The stock handler does not nudge a busy kernel, so a new connection's iopub subscription may not be live yet
+    when the kernel's next message goes out, and ZMQ drops what a PUB socket sends before then (CI: a second client's
+    first cell was answered without its stream). A new connection's streams have nothing on their way, so a
+    NotebookOS kernel's router hands it its messages in-process from the start: every one of them comes, once."""
+    url, token = shared_up.url, shared_up.token
+    kernel = start_kernel(url, token, "python3-notebookos")
+    try:
+        first = KernelSocket(url, token, kernel, timeout=60)
+        try:
+            first.execute("import time", timeout=60)
+            refused = _refused_copies(shared_up)
+            msg_id = first.send("execute_request", {"code": "time.sleep(1.5); print('a')", "silent": False})
+            time.sleep(0.7)  # busy, as the gateway's activity watch has seen: the next connection is not nudged
+            before = _in_process(url, token, kernel)
+            second = KernelSocket(url, token, kernel, timeout=30)  # another session, opened while the cell runs
+            try:
+                seen = _iopub_until_idle(second, msg_id, timeout=30)
+                assert [m["header"]["msg_type"] for m in seen] == ["stream", "status"]
+                assert stdout_of(seen) == "a\n"
+                assert stdout_of(first.collect(msg_id, timeout=30)) == "a\n"
+                # The first connection's stream, reply and idle, and the second's stream and idle: all in-process.
+                # (Before, the second took its messages over ZMQ until the copy of the latest one came: 3 or 4.)
+                assert _in_process(url, token, kernel) - before == 5
+                messages, _ = second.execute("print('b')", timeout=30)
+                assert stdout_of(messages) == "b\n"
+                assert _late(second, {msg_id, messages[0]["parent_header"]["msg_id"]}) == []
+                assert _late(first, {msg_id}) == []
+                assert _refused_copies(shared_up) == refused
+            finally:
+                with contextlib.suppress(Exception):
+                    second.close()
+        finally:
+            with contextlib.suppress(Exception):
+                first.close()
+    finally:
+        shutdown_kernel(url, token, kernel)
+
+
 def test_a_notebookos_kernels_websocket_keeps_taking_its_messages_in_process_across_a_restart(
     shared_up: Platform,
 ) -> None:
