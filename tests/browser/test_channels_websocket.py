@@ -280,6 +280,21 @@ def test_a_notebookos_kernels_messages_reach_its_websockets_in_process_once_and_
         shutdown_kernel(url, token, kernel)
 
 
+@contextlib.contextmanager
+def _notebookos_kernel_socket(platform: Platform) -> Iterator[tuple[str, KernelSocket]]:
+    """A new NotebookOS kernel and a client's websocket to it; both closed after."""
+    kernel = start_kernel(platform.url, platform.token, "python3-notebookos")
+    try:
+        client = KernelSocket(platform.url, platform.token, kernel, timeout=60)
+        try:
+            yield kernel, client
+        finally:
+            with contextlib.suppress(Exception):
+                client.close()
+    finally:
+        shutdown_kernel(platform.url, platform.token, kernel)
+
+
 def test_a_connection_opened_while_a_notebookos_kernel_is_busy_takes_its_messages_in_process_at_once(
     shared_up: Platform,
 ) -> None:
@@ -288,37 +303,29 @@ def test_a_connection_opened_while_a_notebookos_kernel_is_busy_takes_its_message
     first cell was answered without its stream). A new connection's streams have nothing on their way, so a
     NotebookOS kernel's router hands it its messages in-process from the start: every one of them comes, once."""
     url, token = shared_up.url, shared_up.token
-    kernel = start_kernel(url, token, "python3-notebookos")
-    try:
-        first = KernelSocket(url, token, kernel, timeout=60)
+    with _notebookos_kernel_socket(shared_up) as (kernel, first):
+        first.execute("import time", timeout=60)
+        refused = _refused_copies(shared_up)
+        msg_id = first.send("execute_request", {"code": "time.sleep(1.5); print('a')", "silent": False})
+        time.sleep(0.7)  # busy, as the gateway's activity watch has seen: the next connection is not nudged
+        before = _in_process(url, token, kernel)
+        second = KernelSocket(url, token, kernel, timeout=30)  # another session, opened while the cell runs
         try:
-            first.execute("import time", timeout=60)
-            refused = _refused_copies(shared_up)
-            msg_id = first.send("execute_request", {"code": "time.sleep(1.5); print('a')", "silent": False})
-            time.sleep(0.7)  # busy, as the gateway's activity watch has seen: the next connection is not nudged
-            before = _in_process(url, token, kernel)
-            second = KernelSocket(url, token, kernel, timeout=30)  # another session, opened while the cell runs
-            try:
-                seen = _iopub_until_idle(second, msg_id, timeout=30)
-                assert [m["header"]["msg_type"] for m in seen] == ["stream", "status"]
-                assert stdout_of(seen) == "a\n"
-                assert stdout_of(first.collect(msg_id, timeout=30)) == "a\n"
-                # The first connection's stream, reply and idle, and the second's stream and idle: all in-process.
-                # (Before, the second took its messages over ZMQ until the copy of the latest one came: 3 or 4.)
-                assert _in_process(url, token, kernel) - before == 5
-                messages, _ = second.execute("print('b')", timeout=30)
-                assert stdout_of(messages) == "b\n"
-                assert _late(second, {msg_id, messages[0]["parent_header"]["msg_id"]}) == []
-                assert _late(first, {msg_id}) == []
-                assert _refused_copies(shared_up) == refused
-            finally:
-                with contextlib.suppress(Exception):
-                    second.close()
+            seen = _iopub_until_idle(second, msg_id, timeout=30)
+            assert [m["header"]["msg_type"] for m in seen] == ["stream", "status"]
+            assert stdout_of(seen) == "a\n"
+            assert stdout_of(first.collect(msg_id, timeout=30)) == "a\n"
+            # The first connection's stream, reply and idle, and the second's stream and idle: all in-process.
+            # (Before, the second took its messages over ZMQ until the copy of the latest one came: 3 or 4.)
+            assert _in_process(url, token, kernel) - before == 5
+            messages, _ = second.execute("print('b')", timeout=30)
+            assert stdout_of(messages) == "b\n"
+            assert _late(second, {msg_id, messages[0]["parent_header"]["msg_id"]}) == []
+            assert _late(first, {msg_id}) == []
+            assert _refused_copies(shared_up) == refused
         finally:
             with contextlib.suppress(Exception):
-                first.close()
-    finally:
-        shutdown_kernel(url, token, kernel)
+                second.close()
 
 
 def test_a_notebookos_kernels_websocket_keeps_taking_its_messages_in_process_across_a_restart(
@@ -327,30 +334,22 @@ def test_a_notebookos_kernels_websocket_keeps_taking_its_messages_in_process_acr
     """A restart replaces the kernel's router, and the client's websocket stays open (JupyterLab keeps it): the new
     router hands that connection its messages in-process too, each once and in order."""
     url, token = shared_up.url, shared_up.token
-    kernel = start_kernel(url, token, "python3-notebookos")
-    try:
-        client = KernelSocket(url, token, kernel, timeout=60)
-        try:
-            client.execute("x = 1", timeout=60)
-            refused = _refused_copies(shared_up)
-            response = requests.post(
-                f"{url}/api/kernels/{kernel}/restart", headers={"Authorization": f"token {token}"}, timeout=120
-            )
-            response.raise_for_status()
-            before = _in_process(url, token, kernel)  # the new router's count
-            burst = "import sys\nprint('x' in globals())\nfor i in range(50):\n    print(i)\n    sys.stdout.flush()"
-            messages, _ = client.execute(burst, timeout=60)
-            assert stdout_of(messages) == "False\n" + "".join(f"{i}\n" for i in range(50))
-            kinds = [m["header"]["msg_type"] for m in messages]
-            assert kinds.count("execute_reply") == 1 and kinds.count("execute_input") == 1
-            assert _in_process(url, token, kernel) - before >= kinds.count("stream") + 3
-            assert _late(client, {messages[0]["parent_header"]["msg_id"]}) == []
-            assert _refused_copies(shared_up) == refused
-        finally:
-            with contextlib.suppress(Exception):
-                client.close()
-    finally:
-        shutdown_kernel(url, token, kernel)
+    with _notebookos_kernel_socket(shared_up) as (kernel, client):
+        client.execute("x = 1", timeout=60)
+        refused = _refused_copies(shared_up)
+        response = requests.post(
+            f"{url}/api/kernels/{kernel}/restart", headers={"Authorization": f"token {token}"}, timeout=120
+        )
+        response.raise_for_status()
+        before = _in_process(url, token, kernel)  # the new router's count
+        burst = "import sys\nprint('x' in globals())\nfor i in range(50):\n    print(i)\n    sys.stdout.flush()"
+        messages, _ = client.execute(burst, timeout=60)
+        assert stdout_of(messages) == "False\n" + "".join(f"{i}\n" for i in range(50))
+        kinds = [m["header"]["msg_type"] for m in messages]
+        assert kinds.count("execute_reply") == 1 and kinds.count("execute_input") == 1
+        assert _in_process(url, token, kernel) - before >= kinds.count("stream") + 3
+        assert _late(client, {messages[0]["parent_header"]["msg_id"]}) == []
+        assert _refused_copies(shared_up) == refused
 
 
 def test_a_reconnect_while_a_notebookos_cell_prints_keeps_its_output_in_order(
