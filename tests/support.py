@@ -148,15 +148,17 @@ def gpus_held_on(client: GatewayClient, hosts: set[str], kernel_name: str, secon
                 client.shutdown_kernel(kernel_id)
 
 
-def etcd_admin(platform: Platform, *writes: tuple[str, str], read: str | None = None) -> Any:
-    """Put ``writes`` (key below the prefix, raw value) as etcd's admin; return the values under ``read``."""
+def etcd_admin(platform: Platform, *writes: tuple[str, str], read: str | None = None, keep_leases: bool = False) -> Any:
+    """Put ``writes`` (key below the prefix, raw value) as etcd's admin; return the values under ``read``.
+    ``keep_leases``: a key that exists stays bound to its lease (as its owner's own write would leave it)."""
     endpoints = json.loads((platform.state_dir / RUNTIME_FILE).read_text())["etcd_endpoints"]
 
     async def run() -> Any:
         co = await Coordinator.connect(endpoints, credentials=platform.etcd_root())
         try:
             for key, value in writes:
-                await co.put(f"/notebookos{key}", value)
+                held = await co.get(f"/notebookos{key}") if keep_leases else None
+                await co.put(f"/notebookos{key}", value, lease=held.lease if held is not None and held.lease else None)
             return {kv.key: kv.text for kv in await co.get_prefix(f"/notebookos{read}")} if read else None
         finally:
             await co.close()

@@ -650,6 +650,41 @@ def test_a_restarted_gateway_gives_up_a_cell_its_predecessor_decided_but_never_s
         stop_platform(platform)
 
 
+def test_a_replica_holding_more_than_etcd_says_runs_the_next_cell_without_waiting_the_launch_timeout(
+    tmp_path: Path,
+) -> None:
+    """A replica's applied key in etcd can say less than the replica holds (its report went with a lease etcd ended,
+    and it has no newer record to report), and a new gateway reads what is left: the next cell waited for the replica
+    to catch up for the launch timeout (a minute) before it ran there anyway (a CI failure after an etcd outage). The
+    router now asks the replica itself after a few seconds (notebookos_applied_request)."""
+    platform = start_platform(tmp_path / "state", "--hosts", "3", "--gpus-per-host", "1")
+    try:
+        client = platform.client
+        kernel_id = client.start_kernel(KERNEL)
+        with client.connect(kernel_id) as conn:
+            assert conn.execute("x = 1").status == "ok"
+
+        def applied() -> int | None:
+            seqs = {r["applied_seq"] for r in client.notebookos_kernel(kernel_id)["replicas"]}
+            return seqs.pop() if len(seqs) == 1 and 0 not in seqs else None
+
+        seq = wait_for(applied, 30, "every replica to apply the first cell")
+        keys = etcd_admin(platform, read=f"/kernels/{kernel_id}/applied/")
+        assert len(keys) == 3
+        etcd_admin(platform, *((key.removeprefix("/notebookos"), str(seq - 1)) for key in keys), keep_leases=True)
+        kill_the_gateway(platform, client, kernel_id)  # its successor reads the applied seqs left in etcd
+        with client.connect(kernel_id) as conn:
+            began = time.monotonic()
+            assert conn.execute("x + 1", timeout=120).result_text() == "2"
+            took = time.monotonic() - began
+        assert took < 20, f"the cell took {took:.1f} s (the launch timeout is 60 s)"
+        gateway_log = (platform.state_dir / "gateway.log").read_text(errors="replace")
+        assert f"holds the state through record {seq}, more than etcd says ({seq - 1})" in gateway_log
+        client.shutdown_kernel(kernel_id)
+    finally:
+        stop_platform(platform)
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE

@@ -23,6 +23,9 @@ CHANGED_MEMORY = 64
 ADOPTED_POLL_S = 2.0
 #: How long a re-attached gateway waits for an executor to say whether it took a cell (RouterRelay._ask).
 TAKEN_ASK_S = 10.0
+#: A replica whose applied sequence in etcd stays behind the log's head this long while a cell waits for it is
+#: asked itself (and again as often; ReplicaSetView.wait_caught_up): etcd can hold less than the replica has.
+APPLIED_ASK_AFTER_S = 2.0
 #: A cell that has no executor after this many seconds is announced busy by the router itself.
 BUSY_AFTER_S = 0.02
 #: A cell whose decision conflicts in etcd this many times in a row is answered with an error.

@@ -15,7 +15,7 @@ from typing import Any
 
 from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.coordination.kv import EventType, WatchEvent
-from jupyter_notebookos.gateway.cells import MALFORMED
+from jupyter_notebookos.gateway.cells import APPLIED_ASK_AFTER_S, MALFORMED
 from jupyter_notebookos.gateway.replicas import Phase, Replica
 from jupyter_notebookos.gateway.routerstate import RouterState, log
 from jupyter_notebookos.replication.protocol import ReplicaRegistration
@@ -36,15 +36,40 @@ class ReplicaSetView(RouterState):
         return self.replicas.applied(replica_id) >= self.log_head and self.replicas.is_registered(replica_id)
 
     async def wait_caught_up(self, replica_id: str, timeout: float) -> bool:
-        """Wait until ``replica_id`` holds the state of every cell so far (False on timeout or if it died)."""
-        deadline = time.monotonic() + timeout
+        """Wait until ``replica_id`` holds the state of every cell so far (False on timeout or if it died).
+
+        What the router knows comes from the replica's applied key in etcd, or from its reply to a cell. That key
+        can say less than the replica holds: a report bound to a lease that etcd ended (an outage longer than the
+        lease) is gone, and a new gateway reads what is left. A replica whose key stays behind for
+        APPLIED_ASK_AFTER_S is asked itself, on its control channel, and again as often: before, the cell waited
+        the whole ``timeout`` (the launch timeout, a minute) for a replica that had the state all along."""
+        now = time.monotonic()
+        deadline, ask_at = now + timeout, now + APPLIED_ASK_AFTER_S
         replicas = self.replicas
         while replicas.applied(replica_id) < self.log_head:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0 or not replicas.is_registered(replica_id):
                 return False
+            if now >= ask_at:
+                answer = await self._ask(
+                    replica_id, "notebookos_applied_request", {}, min(remaining, APPLIED_ASK_AFTER_S)
+                )
+                ask_at = time.monotonic() + APPLIED_ASK_AFTER_S
+                said = answer.get("applied") if answer.get("status") == "ok" else None
+                if isinstance(said, int) and not isinstance(said, bool):
+                    if said >= self.log_head > replicas.applied(replica_id):
+                        log.info(
+                            "kernel %s: replica %s holds the state through record %d, more than etcd says (%d)",
+                            self.kernel_id,
+                            replica_id,
+                            said,
+                            replicas.applied(replica_id),
+                        )
+                    replicas.note_applied(replica_id, said)
+                    continue
             self.changed.clear()
-            await wait_event(self.changed, min(remaining, 1.0))
+            await wait_event(self.changed, max(0.0, min(remaining, ask_at - time.monotonic(), 1.0)))
         return replicas.is_registered(replica_id)
 
     async def wait_registered(self, replica_ids: set[str], timeout: float) -> set[str]:

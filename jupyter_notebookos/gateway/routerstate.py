@@ -116,6 +116,10 @@ class RouterState:
 
         def _error_reply(self, cell: PendingCell, ename: str, evalue: str) -> None: ...
 
+        async def _ask(
+            self, replica_id: str, msg_type: str, content: dict[str, Any], timeout: float
+        ) -> dict[str, Any]: ...
+
     def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self._tasks.append(task)

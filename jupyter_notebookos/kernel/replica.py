@@ -259,6 +259,7 @@ class ReplicaKernel(IPythonKernel):
         self.gpus = GpuBinding(settings.gpus, sticky=settings.gpu_sticky)
         self.control_handlers["notebookos_evict_request"] = self.evict_request
         self.control_handlers["notebookos_cell_request"] = self.cell_request
+        self.control_handlers["notebookos_applied_request"] = self.applied_request
         self.intake = _CellIntake()
         assert self.shell is not None
         # The shell's own transformer manager (built once): a new one per cell costs about a millisecond.
@@ -1208,6 +1209,15 @@ class ReplicaKernel(IPythonKernel):
         msg_id = str((parent.get("content") or {}).get("msg_id", ""))
         taken = self.intake.taken_else_given_up(msg_id)
         self.session.send(stream, "notebookos_cell_reply", {"status": "ok", "taken": taken}, parent, ident=ident)
+
+    async def applied_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """``notebookos_applied_request`` (control channel): the last record whose state this replica holds, from
+        the router when the replica's applied key in etcd stays behind the log (the key went with a lease etcd
+        ended). Answered from this thread at once."""
+        assert self.session is not None
+        self.session.send(
+            stream, "notebookos_applied_reply", {"status": "ok", "applied": self.applied}, parent, ident=ident
+        )
 
     # -- GPU eviction ----------------------------------------------------------------------------------
 
