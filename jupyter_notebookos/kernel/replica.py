@@ -126,16 +126,36 @@ def _sigint_noted(then: Callable[[], Any] | None = None) -> Iterator[Callable[[]
         signal.signal(signal.SIGINT, previous)
 
 
-@contextlib.contextmanager
-def _quick_gil_handoff() -> Iterator[None]:
+class _QuickGilHandoff:
     """While a thread pickles the namespace for the kernel, a request that arrives gets the GIL within 0.5 ms,
-    not Python's default 5 ms (the switch interval is the process's)."""
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(min(previous, 0.0005))
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(previous)
+    not Python's default 5 ms (the switch interval is the process's).
+
+    Counted: a checkpoint (on the loop) and a verification (in a thread) can overlap and end in either order. Each
+    saving and restoring the interval itself, the one that began second and ended last put back the 0.5 ms it had
+    found, and the user's code ran with it from then on (more GIL switches with any thread of its own)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._previous = 0.0
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._users == 0:
+                self._previous = sys.getswitchinterval()
+                sys.setswitchinterval(min(self._previous, 0.0005))
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    sys.setswitchinterval(self._previous)
+
+
+_quick_gil_handoff = _QuickGilHandoff()
 
 
 def _log_failure(what: str) -> Any:
