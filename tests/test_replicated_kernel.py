@@ -611,6 +611,16 @@ def test_a_restarted_gateway_adopts_a_cell_that_waits_behind_one_whose_state_is_
         stop_platform(platform)
 
 
+def _applied_everywhere(client: GatewayClient, kernel_id: str) -> int:
+    """The record every replica of the kernel has applied, once they all say the same one (within 30 s)."""
+
+    def applied() -> int | None:
+        seqs = {r["applied_seq"] for r in client.notebookos_kernel(kernel_id)["replicas"]}
+        return seqs.pop() if len(seqs) == 1 and 0 not in seqs else None
+
+    return int(wait_for(applied, 30, "every replica to apply the first cell"))
+
+
 def test_a_restarted_gateway_gives_up_a_cell_its_predecessor_decided_but_never_sent(tmp_path: Path) -> None:
     """The gateway died between committing a cell's decision and sending the cell: its record is in etcd (here
     written as that gateway would have), holding the executor's one GPU, and no replica has the cell. The new
@@ -625,11 +635,7 @@ def test_a_restarted_gateway_gives_up_a_cell_its_predecessor_decided_but_never_s
         with client.connect(kernel_id) as conn:
             assert conn.execute("x = 1").status == "ok"
 
-        def applied() -> int | None:
-            seqs = {r["applied_seq"] for r in client.notebookos_kernel(kernel_id)["replicas"]}
-            return seqs.pop() if len(seqs) == 1 and 0 not in seqs else None
-
-        seq = wait_for(applied, 30, "every replica to apply the first cell")
+        seq = _applied_everywhere(client, kernel_id)
         kernel = client.notebookos_kernel(kernel_id)
         executor = kernel["executor"]
         host = next(r["host"] for r in kernel["replicas"] if r["replica_id"] == executor)
@@ -664,11 +670,7 @@ def test_a_replica_holding_more_than_etcd_says_runs_the_next_cell_without_waitin
         with client.connect(kernel_id) as conn:
             assert conn.execute("x = 1").status == "ok"
 
-        def applied() -> int | None:
-            seqs = {r["applied_seq"] for r in client.notebookos_kernel(kernel_id)["replicas"]}
-            return seqs.pop() if len(seqs) == 1 and 0 not in seqs else None
-
-        seq = wait_for(applied, 30, "every replica to apply the first cell")
+        seq = _applied_everywhere(client, kernel_id)
         keys = etcd_admin(platform, read=f"/kernels/{kernel_id}/applied/")
         assert len(keys) == 3
         etcd_admin(platform, *((key.removeprefix("/notebookos"), str(seq - 1)) for key in keys), keep_leases=True)
