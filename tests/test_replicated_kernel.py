@@ -661,8 +661,8 @@ def test_a_replica_holding_more_than_etcd_says_runs_the_next_cell_without_waitin
 ) -> None:
     """A replica's applied key in etcd can say less than the replica holds (its report went with a lease etcd ended,
     and it has no newer record to report), and a new gateway reads what is left: the next cell waited for the replica
-    to catch up for the launch timeout (a minute) before it ran there anyway (a CI failure after an etcd outage). The
-    router now asks the replica itself after a few seconds (notebookos_applied_request)."""
+    to catch up for the launch timeout (a minute) before it ran there anyway (a CI failure after an etcd outage looked
+    like this). The router now asks the replica itself after a few seconds (notebookos_applied_request)."""
     platform = start_platform(tmp_path / "state", "--hosts", "3", "--gpus-per-host", "1")
     try:
         client = platform.client
