@@ -141,7 +141,6 @@ class KernelChannelsHandler(ZMQChannelsHandler):
         self._opened = False
         self._proven = False
         self._nudging: Any = None  # the stock open's nudge of the kernel, while it runs
-        self._created_streams = False  # create_stream ran (new streams, nothing on its way over them)
 
     async def _register_session(self) -> None:
         """Name this connection's session; never wait for (or close) an earlier connection of it."""
@@ -162,8 +161,7 @@ class KernelChannelsHandler(ZMQChannelsHandler):
         if holder is None or holder is self or not holder.channels or kernel_id not in self.kernel_manager:
             # The stock way: restore a buffered session, or new streams; then nudge the kernel.
             self._renew_buffered_streams()
-            restoring = self._buffered() is not None
-            self._created_streams = False
+            restoring = self._buffered() is not None  # else the stock open creates new streams
             connected = super().open(kernel_id)
             if kernel_id in self.kernel_manager and self.channels:
                 self._open_sessions[self.session_key] = self
@@ -171,7 +169,7 @@ class KernelChannelsHandler(ZMQChannelsHandler):
                 # once. The nudge no longer proves that the iopub subscription is live, and need not: a kernel
                 # found busy is not nudged at all, and its output went to a subscription not yet live (lost, as
                 # with a stock kernel; CI: a second client's first cell answered without its stream).
-                self._take_messages_in_process(fresh=self._created_streams and not restoring)
+                self._take_messages_in_process(fresh=not restoring)
             self._nudging = connected
             return await connected if connected is not None else None
         self.log.warning("Replacing stale connection: %s (it stays open on standby)", self.session_key)
@@ -386,7 +384,6 @@ class KernelChannelsHandler(ZMQChannelsHandler):
     def create_stream(self) -> None:
         """The stock streams, each noting the kernel's port it connects to (see _stale)."""
         super().create_stream()
-        self._created_streams = True
         kernel = self.kernel_manager.get_kernel(self.kernel_id)
         for name, stream in self.channels.items():
             stream.notebookos_port = getattr(kernel, f"{name}_port", None)
