@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_notebookos.gateway.waitnotice import ordinal, wait_sentence
+from jupyter_notebookos.gateway.router.waitnotice import ordinal, wait_sentence
 
 
 @pytest.mark.parametrize(

@@ -21,9 +21,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from jupyter_notebookos.gateway.cells import RouterSettings
 from jupyter_notebookos.gateway.events import EventLog
 from jupyter_notebookos.gateway.metrics import PlatformMetrics
+from jupyter_notebookos.gateway.router.cells import RouterSettings
 from jupyter_notebookos.launchers.base import Launcher, LaunchError, ReplicaHandle
 from jupyter_notebookos.scheduler import MigrationCompleted, MigrationFailed, MigrationPlan, Scheduler
 

@@ -13,9 +13,9 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from jupyter_notebookos.gateway.cells import CellGrant, CellRejected, CellRequest
 from jupyter_notebookos.gateway.platformstate import PlatformState
-from jupyter_notebookos.gateway.replicas import scheduler_id
+from jupyter_notebookos.gateway.router.cells import CellGrant, CellRejected, CellRequest
+from jupyter_notebookos.gateway.router.replicas import scheduler_id
 from jupyter_notebookos.scheduler import (
     CellFinished,
     Decision,
@@ -28,7 +28,7 @@ from jupyter_notebookos.scheduler import (
 
 
 class CellPlanning(PlatformState):
-    """The platform's part that is every router's :class:`~jupyter_notebookos.gateway.cells.CellPlanner`."""
+    """The platform's part that is every router's :class:`~jupyter_notebookos.gateway.router.cells.CellPlanner`."""
 
     def place(self, request: CellRequest) -> CellGrant | Coroutine[Any, Any, CellGrant]:
         """Ask the scheduler where the cell runs. The grant itself when nothing stands between the cell and its

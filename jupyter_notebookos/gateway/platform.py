@@ -2,7 +2,7 @@
 
 One instance lives in the gateway process (:meth:`GatewayPlatform.current`). EG's handlers reach it through
 the NotebookOS process proxy; our REST handlers read it. It owns every long-lived resource and starts and
-stops them in order. It also is the routers' :class:`~jupyter_notebookos.gateway.cells.CellPlanner`: the
+stops them in order. It also is the routers' :class:`~jupyter_notebookos.gateway.router.cells.CellPlanner`: the
 scheduler decides, the platform turns decisions into actions.
 
 :class:`GatewayPlatform` is assembled from parts, one job each: the planner (:mod:`.planner`), the REST and
@@ -23,9 +23,7 @@ from jupyter_notebookos.coordination.client import Coordinator, EtcdCredentials,
 from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.gateway.access import KernelAccessManager, ensure_etcd_auth, replica_env
 from jupyter_notebookos.gateway.autoscaler import Autoscaler
-from jupyter_notebookos.gateway.cells import CellRejected
 from jupyter_notebookos.gateway.events import EventLog
-from jupyter_notebookos.gateway.ledger import LedgerReleases
 from jupyter_notebookos.gateway.metrics import PlatformMetrics
 from jupyter_notebookos.gateway.migration import MigrationRunner
 from jupyter_notebookos.gateway.objectbroker import LocalObjectBroker, ObjectBroker, make_broker, wants_broker
@@ -35,9 +33,11 @@ from jupyter_notebookos.gateway.reconcile import DEFAULT_RECONCILE_INTERVAL, Led
 from jupyter_notebookos.gateway.records import HostRecord, KernelRecord
 from jupyter_notebookos.gateway.rejoin import DEFAULT_REJOIN_GRACE
 from jupyter_notebookos.gateway.replacement import ReplicaReplacement
-from jupyter_notebookos.gateway.replicas import Phase, scheduler_id
 from jupyter_notebookos.gateway.residency import GpuResidency
 from jupyter_notebookos.gateway.router import ReplicaRouter, RouterSettings
+from jupyter_notebookos.gateway.router.cells import CellRejected
+from jupyter_notebookos.gateway.router.ledger import LedgerReleases
+from jupyter_notebookos.gateway.router.replicas import Phase, scheduler_id
 from jupyter_notebookos.gateway.views import PlatformViews
 from jupyter_notebookos.gpu.discovery import host_devices, nvml_devices
 from jupyter_notebookos.launchers.base import Launcher, LaunchError, ReplicaSpec
@@ -230,7 +230,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
                 await self.stop_kernel(kernel_id, now=True)
             else:
                 record = self.kernels.pop(kernel_id)
-                record.router.shutting_down = True  # its replicas' leases are theirs: nothing is lost
+                record.router.begin_shutdown()  # its replicas' leases are theirs: nothing is lost
                 await record.router.close()
         if self.ledger is not None:
             with contextlib.suppress(CoordinationError):
@@ -359,7 +359,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         self.residency.forget(kernel_id)
         if record is None:
             return
-        record.router.shutting_down = True
+        record.router.begin_shutdown()
         handles = record.replicas.handles()
         with contextlib.suppress(Exception):  # also those whose start was cut short (no handle recorded)
             handles.update(

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 from jupyter_notebookos.coordination.client import Coordinator, EtcdCredentials, EtcdTls
 from jupyter_notebookos.gateway.access import KernelAccessManager
 from jupyter_notebookos.gateway.autoscaler import Autoscaler
-from jupyter_notebookos.gateway.cells import CellGrant, CellRequest, RouterSettings
 from jupyter_notebookos.gateway.events import EventLog
-from jupyter_notebookos.gateway.ledger import LedgerReleases
 from jupyter_notebookos.gateway.metrics import PlatformMetrics
 from jupyter_notebookos.gateway.migration import MigrationRunner
 from jupyter_notebookos.gateway.reconcile import LedgerReconciler
 from jupyter_notebookos.gateway.residency import GpuResidency
 from jupyter_notebookos.gateway.router import ReplicaRouter
+from jupyter_notebookos.gateway.router.cells import CellGrant, CellRequest, RouterSettings
+from jupyter_notebookos.gateway.router.ledger import LedgerReleases
 from jupyter_notebookos.launchers.base import Launcher
 from jupyter_notebookos.replication.protocol import ReplicaRegistration
 from jupyter_notebookos.scheduler import Decision, MigrateThenRun, RunCell, Scheduler

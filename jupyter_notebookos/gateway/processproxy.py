@@ -159,8 +159,7 @@ class NotebookOSProcessProxy(LocalProcessProxy):
     def _stop(self, *, now: bool) -> None:
         if self.router is None or self._stopping is not None:
             return
-        self.router.shutting_down = True
-        self.router.exit_code = 0 if self.router.exit_code is None else self.router.exit_code
+        self.router.begin_shutdown(exited=True)
         self._stopping = GatewayPlatform.current().stop_kernel_soon(self.kernel_id, now=now)
 
     def load_process_info(self, process_info: dict[str, Any]) -> None:

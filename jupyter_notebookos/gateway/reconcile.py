@@ -6,7 +6,7 @@ with a gateway that died, an entry written by hand, a malformed value, a cell th
 no router runs it) is found here: every round lists the ledger and the cells the routers hold (running, waiting,
 adopted); an entry or scheduler cell that belongs to none of them in two rounds in a row, unchanged, goes. So no
 entry outlives its cell by more than two rounds (plus one etcd call); entries whose release is merely deferred
-(:class:`~jupyter_notebookos.gateway.ledger.LedgerReleases`) are left to it. A round returns a
+(:class:`~jupyter_notebookos.gateway.router.ledger.LedgerReleases`) are left to it. A round returns a
 :class:`ReconcileRound` that logs as one line.
 """
 
@@ -70,14 +70,11 @@ class LedgerReconciler(PeriodicRounds):
     def live_cells(self) -> set[tuple[str, str]]:
         """(kernel, msg_id) of every cell a router holds: running, waiting for GPUs, adopted, or replied but
         with its state record not published yet (its cell record holds its seq until then)."""
-        live = set()
-        for kernel_id, record in self.platform.kernels.items():
-            router = record.router
-            for cell in (router.running, router.waiting, *router.adopted_cells):
-                if cell is not None:
-                    live.add((kernel_id, cell.request.msg_id))
-            live.update((kernel_id, msg_id) for msg_id, _ in router.unpublished.values())
-        return live
+        return {
+            (kernel_id, msg_id)
+            for kernel_id, record in self.platform.kernels.items()
+            for msg_id in record.router.live_cells()
+        }
 
     async def run_round(self) -> ReconcileRound:
         """One pass over the ledger and the scheduler's running cells."""

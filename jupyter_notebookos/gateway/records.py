@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_notebookos.gateway.access import KernelAccess
-from jupyter_notebookos.gateway.replicas import KernelReplicas
 from jupyter_notebookos.gateway.router import ReplicaRouter
+from jupyter_notebookos.gateway.router.replicas import KernelReplicas
 from jupyter_notebookos.gpu.discovery import GpuDevice
 
 

@@ -6,7 +6,7 @@ process is fine and holds the kernel's state in memory (GPU memory, threads, ope
 pickled). Such a replica takes a new lease and registers again under the same id
 (:meth:`jupyter_notebookos.kernel.agent.ReplicaAgent._rejoin`). The platform gives it this long before it
 replaces it; a process that exits meanwhile is replaced at once. A cell it runs meanwhile goes on: the router
-keeps its connections to it (``ReplicaRouter._held``) and fails the cell only if it is lost.
+keeps its connections to it (``Relay.hold``) and fails the cell only if it is lost.
 """
 
 from __future__ import annotations

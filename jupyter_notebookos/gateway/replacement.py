@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.gateway.platformstate import PlatformState
 from jupyter_notebookos.gateway.rejoin import await_rejoin
-from jupyter_notebookos.gateway.replicas import scheduler_id
 from jupyter_notebookos.gateway.router import ReplicaRouter
+from jupyter_notebookos.gateway.router.replicas import scheduler_id
 from jupyter_notebookos.launchers.base import LaunchError, ReplicaHandle, ReplicaPhase
 from jupyter_notebookos.replication.protocol import ReplicaRegistration
 from jupyter_notebookos.scheduler import Placement, ReplicaLost

@@ -108,8 +108,8 @@ from jupyter_server.services.kernels.handlers import ZMQChannelsHandler as Serve
 from jupyter_server.services.kernels.handlers import _kernel_id_regex
 from jupyter_server.utils import url_path_join
 
-from jupyter_notebookos.gateway.relay import forget_local_clients, local_clients_of
-from jupyter_notebookos.gateway.wire import MalformedMessage, WireMessage
+from jupyter_notebookos.gateway.router.sockets import forget_local_clients, local_clients_of
+from jupyter_notebookos.gateway.router.wire import MalformedMessage, WireMessage
 
 WS_V1 = "v1.kernel.websocket.jupyter.org"
 #: Messages handed over in-process whose ZMQ copy a stream still waits for, at most (older ones are forgotten: more
@@ -241,7 +241,7 @@ class KernelChannelsHandler(ZMQChannelsHandler):
     def _forward(self, ws_msg: Any) -> Awaitable[None] | None:
         """Send a client's message to the kernel as the stock handler does, except that a shell message goes
         straight to the kernel's router when it runs in this process and nothing this connection sent over ZMQ
-        is still on its way (RouterRelay.takes_shell_directly): the result, then, is the router's handling of it,
+        is still on its way (Relay.takes_shell_directly): the result, then, is the router's handling of it,
         to await. That saves a hop on every cell's critical path; the reply comes back over ZMQ as before."""
         if not self.channels:
             self.log.debug("Received message on closed websocket %r", ws_msg)
@@ -318,7 +318,7 @@ class KernelChannelsHandler(ZMQChannelsHandler):
 
     def deliver_from_kernel(self, channel: str, frames: list[bytes]) -> bool:
         """A message the kernel's router (in this process) sends its clients on ``channel``, handed over
-        in-process (RouterRelay's ClientSocket): if it is this client's (this connection holds the session's
+        in-process (the router's ClientSocket): if it is this client's (this connection holds the session's
         streams; on the ROUTER channels, it is addressed to the session's identity), the stream's receiver (this
         handler's, or the stock nudge's) gets it now, as if it came over ZMQ. An iopub message's ZMQ copy (the
         kernel manager's activity watch subscribes too) is dropped when it comes; a ROUTER channel's message has

@@ -36,7 +36,7 @@ from nbclient.exceptions import CellExecutionComplete
 
 from jupyter_notebookos.client import GatewayClient, KernelConnection
 from jupyter_notebookos.embedded.etcd import EtcdCluster
-from jupyter_notebookos.gateway.waitnotice import WAIT_MIME
+from jupyter_notebookos.gateway.router.waitnotice import WAIT_MIME
 
 KERNEL = "python3-notebookos"
 HOSTS = 3

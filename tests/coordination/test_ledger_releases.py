@@ -9,7 +9,7 @@ import pytest
 from jupyter_notebookos.coordination import CoordinationError, Coordinator
 from jupyter_notebookos.coordination.txn import Compare, Op
 from jupyter_notebookos.embedded.etcd import EtcdCluster
-from jupyter_notebookos.gateway.ledger import LedgerReleases
+from jupyter_notebookos.gateway.router.ledger import LedgerReleases
 
 pytestmark = pytest.mark.asyncio
 

@@ -22,8 +22,8 @@ from s3_store import S3Store, s3_store_in_environment
 from jupyter_notebookos.embedded.etcd import EtcdCluster
 from jupyter_notebookos.gateway.nodes import NodeHosts
 from jupyter_notebookos.gateway.platform import GatewayPlatform, MigrationRequestError
-from jupyter_notebookos.gateway.replicas import Phase
 from jupyter_notebookos.gateway.router import RouterSettings
+from jupyter_notebookos.gateway.router.replicas import Phase
 from jupyter_notebookos.launchers.base import LaunchError
 from jupyter_notebookos.launchers.kubernetes import (
     KubernetesLauncher,

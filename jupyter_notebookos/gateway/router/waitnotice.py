@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from jupyter_notebookos.gateway.wire import Signer, WireMessage
+from jupyter_notebookos.gateway.router.wire import Signer, WireMessage
 
 if TYPE_CHECKING:
-    from jupyter_notebookos.gateway.relay import ClientSocket
+    from jupyter_notebookos.gateway.router.sockets import ClientSocket
 
 #: The MIME type of the notice's structured form (the JupyterLab extension renders it).
 WAIT_MIME = "application/vnd.notebookos.wait+json"

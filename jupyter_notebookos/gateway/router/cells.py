@@ -11,7 +11,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from jupyter_notebookos.gateway.wire import WireMessage
+from jupyter_notebookos.gateway.router.wire import WireMessage
 
 #: What parsing a value from etcd raises when it is malformed (bad JSON or UTF-8, a wrong shape or type).
 MALFORMED = (ValueError, TypeError, KeyError, AttributeError)
@@ -21,10 +21,10 @@ CHANGED_MEMORY = 64
 
 #: How often a cell adopted from a previous gateway checks whether its state record was published.
 ADOPTED_POLL_S = 2.0
-#: How long a re-attached gateway waits for an executor to say whether it took a cell (RouterRelay._ask).
+#: How long a re-attached gateway waits for an executor to say whether it took a cell (Relay.ask).
 TAKEN_ASK_S = 10.0
 #: A replica whose applied sequence in etcd stays behind the log's head this long while a cell waits for it is
-#: asked itself (and again as often; ReplicaSetView.wait_caught_up): etcd can hold less than the replica has.
+#: asked itself (and again as often; ReplicaSetWatch.wait_caught_up): etcd can hold less than the replica has.
 APPLIED_ASK_AFTER_S = 2.0
 #: A cell that has no executor after this many seconds is announced busy by the router itself.
 BUSY_AFTER_S = 0.02
@@ -102,7 +102,7 @@ class PendingCell:
     done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
-class _CellAborted(Exception):
+class CellAborted(Exception):
     """The cell could not be committed and was answered with an error already."""
 
 
@@ -113,11 +113,11 @@ __all__ = [
     "MALFORMED",
     "MAX_COMMIT_CONFLICTS",
     "TAKEN_ASK_S",
+    "CellAborted",
     "CellGrant",
     "CellPlanner",
     "CellRejected",
     "CellRequest",
     "PendingCell",
     "RouterSettings",
-    "_CellAborted",
 ]

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from jupyter_notebookos.gateway.replicas import KernelReplicas, Phase, Replica, ReplicaIdError, scheduler_id
+from jupyter_notebookos.gateway.router.replicas import KernelReplicas, Phase, Replica, ReplicaIdError, scheduler_id
 from jupyter_notebookos.launchers.base import LaunchError, ReplicaHandle
 from jupyter_notebookos.replication.protocol import ReplicaRegistration
 

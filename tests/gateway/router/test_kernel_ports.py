@@ -21,7 +21,7 @@ import zmq
 from jupyter_client import KernelManager
 
 from jupyter_notebookos.gateway.processproxy import adopt_ports
-from jupyter_notebookos.gateway.relay import bind_client_socket
+from jupyter_notebookos.gateway.router.sockets import bind_client_socket
 
 
 @pytest.fixture
