@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from support import Platform, kernel_of, platform_running
+import pytest_asyncio
+from support import Platform, etcd_running, kernel_of, platform_running
 
 from jupyter_notebookos.client import GatewayClient
+from jupyter_notebookos.coordination import Coordinator
 from jupyter_notebookos.embedded import ports
+from jupyter_notebookos.embedded.etcd import EtcdCluster
 
 
 def _own_port_range() -> None:
@@ -92,3 +96,38 @@ def kernel(platform: Platform) -> Iterator[tuple[GatewayClient, str]]:
     """A NotebookOS kernel on the module's platform, shut down after the test."""
     with kernel_of(platform.client, "python3-notebookos") as started:
         yield started
+
+
+# -- etcd alone: real clusters (1 and 3 members) and coordinators connected to them ----------------------------
+# ``shared_etcd`` is one cluster per module and member count, for tests that leave it intact; each test gets its own
+# key prefix through ``coordinator``. ``fresh_etcd`` is a new cluster per test, for tests that kill members. Both
+# are parametrized over 1 and 3 members.
+
+MEMBER_COUNTS = [pytest.param(1, id="1-member"), pytest.param(3, id="3-members")]
+
+
+@pytest.fixture(scope="module", params=MEMBER_COUNTS)
+def shared_etcd(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """A cluster shared by the tests of one module (do not kill its members)."""
+    with etcd_running(tmp_path_factory.mktemp("etcd"), request.param) as cluster:
+        yield cluster
+
+
+@pytest.fixture(params=MEMBER_COUNTS)
+def fresh_etcd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EtcdCluster]:
+    """A new cluster for one test, which may kill and restart its members."""
+    with etcd_running(tmp_path / "etcd", request.param) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A key prefix of this test's own, so tests sharing a cluster do not see each other."""
+    return f"/test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest_asyncio.fixture
+async def coordinator(shared_etcd: EtcdCluster, prefix: str) -> AsyncIterator[Coordinator]:
+    coordinator = await Coordinator.connect(shared_etcd.endpoints, timeout=3.0, prefix=prefix)
+    yield coordinator
+    await coordinator.close()

@@ -125,8 +125,8 @@ def serve_broker(store_url: str, kernel_id: str, port: int, *, ready: bool = Tru
     from tornado.httpserver import HTTPServer
     from tornado.web import Application
 
-    from jupyter_notebookos.gateway.access import KernelAccess
-    from jupyter_notebookos.gateway.objectbroker import broker_handlers, make_broker
+    from jupyter_notebookos.gateway.control.access import KernelAccess
+    from jupyter_notebookos.gateway.control.objectbroker import broker_handlers, make_broker
 
     access = KernelAccess(kernel_id)
     url = f"http://127.0.0.1:{port}/api/notebookos/kernels"

@@ -1,5 +1,5 @@
 """Object stores the gateway brokers: replicas hold no store credentials, only their kernel's object token, and
-the gateway signs each object operation for that kernel's own prefix (jupyter_notebookos/gateway/objectbroker.py).
+the gateway signs each object operation for that kernel's own prefix (gateway/control/objectbroker.py).
 
 Two stores: an S3-compatible one (moto's S3 server with IAM auth on, tests/s3_store.py: presigned URLs, bytes go
 to the store directly) and the platform's own file:// store served by the gateway (`object_store_access=broker`,

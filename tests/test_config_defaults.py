@@ -12,8 +12,8 @@ import pytest
 from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
 from traitlets.config import Configurable
 
-from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
-from jupyter_notebookos.gateway.defrag import EtcdMaintenance
+from jupyter_notebookos.gateway.upkeep.defrag import EtcdMaintenance
+from jupyter_notebookos.gateway.web.gatewayapp import NotebookOSGatewayApp
 from jupyter_notebookos.launchers.kubernetes import KubernetesLauncher
 from jupyter_notebookos.launchers.local import LocalLauncher
 from jupyter_notebookos.scheduler import Scheduler

@@ -83,7 +83,7 @@ def test_kernels_get_a_part_of_the_range_that_services_never_get(monkeypatch) ->
     where a replica's ZMQ socket could take one before the kernel bound it (a kernel left serving nothing). The
     gateway gives kernels the last three quarters of the range below it; services (etcd, restarted on its own
     ports) are picked from the first quarter only."""
-    from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
+    from jupyter_notebookos.gateway.web.gatewayapp import NotebookOSGatewayApp
 
     monkeypatch.delenv("EG_PORT_RANGE", raising=False)
     monkeypatch.setattr(ports, "_handed_out", set())

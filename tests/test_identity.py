@@ -92,8 +92,8 @@ def test_every_route_enterprise_gateway_guards_identifies_users() -> None:
     """An EG upgrade that adds a token-checked route must not leave it on EG's admin-token-only check."""
     from enterprise_gateway.mixins import TokenAuthorizationMixin
 
-    from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
-    from jupyter_notebookos.gateway.ownership import IdentifiedHandlerMixin
+    from jupyter_notebookos.gateway.web.authorization import IdentifiedHandlerMixin
+    from jupyter_notebookos.gateway.web.gatewayapp import NotebookOSGatewayApp
 
     handlers = NotebookOSGatewayApp()._create_request_handlers()
     guarded = [(pattern, cls) for pattern, cls, *_ in handlers if issubclass(cls, TokenAuthorizationMixin)]

@@ -5,7 +5,7 @@ On an S3-compatible store the gateway holds the store's keys; a replica gets onl
 each read, write, size check or delete it asks the gateway for a presigned URL of one key under its kernel's
 prefix (``POST <broker>/<kernel id>/objects``), then talks to the store directly with that URL, so the bytes
 never cross the gateway. Listing its own prefix is answered by the gateway (``GET .../objects?prefix=``).
-The gateway side is :mod:`jupyter_notebookos.gateway.objectbroker`.
+The gateway side is :mod:`jupyter_notebookos.gateway.control.objectbroker`.
 
 This module is an fsspec filesystem, protocol ``notebookos-broker``, whose paths are
 ``<kernel id>/<key>``; :class:`~jupyter_notebookos.replication.objectstore.ObjectStore` uses it like any other

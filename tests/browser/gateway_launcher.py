@@ -21,7 +21,7 @@ class GatewayWithOurChannelsHandler(EnterpriseGatewayApp):
     """Enterprise Gateway whose kernel channels websocket is served by our handler."""
 
     def _create_request_handlers(self) -> list[tuple]:
-        from jupyter_notebookos.gateway.websocket import install_overrides
+        from jupyter_notebookos.gateway.web.websocket import install_overrides
 
         return install_overrides(super()._create_request_handlers(), self.base_url)
 
@@ -33,7 +33,7 @@ def gateway_class(kind: str) -> type[EnterpriseGatewayApp]:
     if kind == "handler":
         return GatewayWithOurChannelsHandler
     if kind == "notebookos":
-        from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
+        from jupyter_notebookos.gateway.web.gatewayapp import NotebookOSGatewayApp
 
         return NotebookOSGatewayApp
     raise SystemExit(f"unknown gateway kind {kind!r}: use one of {', '.join(KINDS)}")

@@ -398,19 +398,19 @@ def test_a_reconnect_while_a_notebookos_cell_prints_keeps_its_output_in_order(
 
 
 def test_gateway_app_serves_kernel_channels_with_our_handler() -> None:
-    from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
-    from jupyter_notebookos.gateway.ownership import IdentifiedHandlerMixin
-    from jupyter_notebookos.gateway.websocket import KernelChannelsHandler
+    from jupyter_notebookos.gateway.web.authorization import IdentifiedHandlerMixin
+    from jupyter_notebookos.gateway.web.gatewayapp import NotebookOSGatewayApp
+    from jupyter_notebookos.gateway.web.websocket import KernelChannelsHandler
 
     app = NotebookOSGatewayApp()
     channels = [h for h in app._create_request_handlers() if h[0].endswith("/channels")]
     assert len(channels) == 1
-    # Our handler, behind the gateway's user identification (gateway/ownership.py).
+    # Our handler, behind the gateway's user identification (gateway/web/authorization.py).
     assert issubclass(channels[0][1], KernelChannelsHandler) and issubclass(channels[0][1], IdentifiedHandlerMixin)
 
 
 def test_install_overrides_fails_loudly_when_the_route_is_missing() -> None:
-    from jupyter_notebookos.gateway.websocket import KernelChannelsHandler, install_overrides
+    from jupyter_notebookos.gateway.web.websocket import KernelChannelsHandler, install_overrides
 
     handlers = install_overrides([("/gw/api/kernels", object), *_eg_channels_route("/gw")], "/gw")
     assert handlers[1][1] is KernelChannelsHandler

@@ -1,7 +1,7 @@
 """JupyterLab through our gateway, in a real browser: the first cell's output shows within seconds.
 
 Against stock Enterprise Gateway 3.3 this took about 100 s (or never came): see the docstring of
-jupyter_notebookos.gateway.websocket for why.
+jupyter_notebookos.gateway.web.websocket for why.
 """
 
 from __future__ import annotations

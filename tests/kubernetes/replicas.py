@@ -8,7 +8,7 @@ from typing import Any
 
 from fakekube import FakeCluster, until
 
-from jupyter_notebookos.gateway.platform import GatewayPlatform
+from jupyter_notebookos.gateway.control.gatewayplatform import GatewayPlatform
 from jupyter_notebookos.replication.protocol import ReplicaRegistration
 
 

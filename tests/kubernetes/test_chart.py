@@ -181,7 +181,7 @@ def test_inconsistent_values_fail_with_a_message(values: dict[str, Any], message
 def test_gateway_config_and_env_select_the_kubernetes_platform() -> None:
     from traitlets.config import Config
 
-    from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
+    from jupyter_notebookos.gateway.web.gatewayapp import NotebookOSGatewayApp
     from jupyter_notebookos.launchers.kubernetes import KubernetesLauncher, NodeInventory, PlaceholderPool
 
     docs = render(None)
@@ -357,7 +357,7 @@ RELEASE_SPECIFIC = {
 
 
 def test_every_default_value_the_chart_writes_is_the_traitlets_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
+    from jupyter_notebookos.gateway.web.gatewayapp import NotebookOSGatewayApp
     from jupyter_notebookos.launchers.kubernetes import NodeInventory
     from jupyter_notebookos.scheduler.engine import Scheduler
 

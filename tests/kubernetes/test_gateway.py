@@ -20,8 +20,9 @@ from replicas import env_of, free_ports, pinned_node, register, run_replica_pods
 from s3_store import S3Store, s3_store_in_environment
 
 from jupyter_notebookos.embedded.etcd import EtcdCluster
-from jupyter_notebookos.gateway.nodes import NodeHosts
-from jupyter_notebookos.gateway.platform import GatewayPlatform, MigrationRequestError
+from jupyter_notebookos.gateway.control.gatewayplatform import GatewayPlatform, MigrationRequestError
+from jupyter_notebookos.gateway.control.nodehosts import NodeHosts
+from jupyter_notebookos.gateway.control.platformsettings import PlatformSettings
 from jupyter_notebookos.gateway.router import RouterSettings
 from jupyter_notebookos.gateway.router.replicas import Phase
 from jupyter_notebookos.launchers.base import LaunchError
@@ -49,7 +50,7 @@ class K8sGateway:
     nodes: NodeHosts
 
     def hosts(self) -> dict[str, dict[str, Any]]:
-        return {h["name"]: h for h in self.platform.cluster_snapshot()["hosts"]}
+        return {h["name"]: h for h in self.platform.views.cluster_snapshot()["hosts"]}
 
     def replica_pods(self) -> list[dict[str, Any]]:
         return self.cluster.pods("component=notebookos-replica")
@@ -73,19 +74,16 @@ async def gateway(etcd: EtcdCluster, cluster: FakeCluster, store: S3Store, tmp_p
     pool = PlaceholderPool(namespace=NAMESPACE, core_api=cluster.core, scheduling_api=cluster.scheduling)
     provisioner = PlaceholderProvisioner(pool, inventory)
     scheduler = Scheduler(gpus_per_host=8)
-    platform = GatewayPlatform(
+    settings = PlatformSettings(
         etcd_endpoints=etcd.endpoints,
         etcd_prefix=f"/k8s-{tmp_path.name[-12:]}",
         etcd_timeout=3.0,
-        simulated_hosts=0,
         gpus_per_host=8,
         state_dir=str(tmp_path),
         object_store_url=f"s3://{store.bucket}/objects",
-        scheduler=scheduler,
-        launcher=launcher,
-        provisioner=provisioner,
-        router_settings=RouterSettings(launch_timeout=20.0, etcd_timeout=3.0),
+        router=RouterSettings(launch_timeout=20.0),
     )
+    platform = GatewayPlatform(settings, scheduler=scheduler, launcher=launcher, provisioner=provisioner)
     nodes = NodeHosts(platform, inventory, provisioner)
     await nodes.start()
     await platform.start()
@@ -153,11 +151,11 @@ async def test_kernel_start_creates_three_anti_affine_pods_with_the_replica_prot
         assert env[protocol.ENV_IP] == "0.0.0.0"
         assert env[protocol.ENV_ADVERTISE_IP] == {"fieldRef": {"fieldPath": "status.podIP"}}
         assert env[protocol.ENV_HOST] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-        assert env[protocol.ENV_ETCD_ENDPOINTS] == ",".join(gateway.platform.etcd_endpoints)
-        assert env[protocol.ENV_ETCD_PREFIX] == gateway.platform.etcd_prefix
+        assert env[protocol.ENV_ETCD_ENDPOINTS] == ",".join(gateway.platform.settings.etcd_endpoints)
+        assert env[protocol.ENV_ETCD_PREFIX] == gateway.platform.settings.etcd_prefix
         # An S3 store: the replica asks the gateway to sign its object operations and holds no store keys.
         assert env[protocol.ENV_OBJECT_STORE_URL] == f"notebookos-broker://{KERNEL}"
-        assert env[protocol.ENV_OBJECT_BROKER_URL] == gateway.platform.object_broker_url
+        assert env[protocol.ENV_OBJECT_BROKER_URL] == gateway.platform.settings.object_broker_url
         assert env[protocol.ENV_OBJECT_BROKER_TOKEN] == {
             "secretKeyRef": {"name": kernel_secret_name(KERNEL), "key": protocol.ENV_OBJECT_BROKER_TOKEN}
         }
@@ -238,7 +236,7 @@ async def test_a_migrated_replica_is_a_new_id_in_the_scheduler_the_router_and_th
         return (
             sorted(str(r.replica_id) for r in scheduled.replicas),
             sorted(record.replicas.handles()),
-            [r["replica_id"] for r in platform.kernel_summary(KERNEL)["replicas"]],
+            [r["replica_id"] for r in platform.views.kernel_summary(KERNEL)["replicas"]],
         )
 
     assert ids_everywhere() == (["0", "1", "2"],) * 3

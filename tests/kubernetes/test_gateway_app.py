@@ -24,7 +24,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets.config import Config
 
 from jupyter_notebookos.embedded.etcd import EtcdCluster
-from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
+from jupyter_notebookos.gateway.web.gatewayapp import NotebookOSGatewayApp
 from jupyter_notebookos.launchers.kubernetes.objects import kernel_secret_name
 from jupyter_notebookos.replication import protocol
 

@@ -14,7 +14,7 @@ from fakekube import validate_strict
 from test_chart import by_kind, gateway_config, render
 from traitlets.config import Config
 
-from jupyter_notebookos.gateway.app import NotebookOSGatewayApp
+from jupyter_notebookos.gateway.web.gatewayapp import NotebookOSGatewayApp
 
 REPO = Path(__file__).resolve().parents[2]
 Z2JH = yaml.safe_load((REPO / "helm" / "zero-to-jupyterhub" / "config.yaml").read_text())

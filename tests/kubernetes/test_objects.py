@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from fakekube import IMAGE, NAMESPACE, FakeCluster, restricted_violations, validate_strict
 
-from jupyter_notebookos.gateway.access import kernel_store_url
+from jupyter_notebookos.gateway.control.access import kernel_store_url
 from jupyter_notebookos.launchers.base import ReplicaSpec, RequestRefused
 from jupyter_notebookos.launchers.kubernetes import objects
 from jupyter_notebookos.launchers.kubernetes.launcher import KubernetesLauncher

@@ -80,7 +80,6 @@ class RouterSettings:
 
     launch_timeout: float = 60.0
     max_message_bytes: int = 256 << 20
-    etcd_timeout: float = 5.0
 
 
 @dataclass

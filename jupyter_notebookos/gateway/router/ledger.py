@@ -11,7 +11,7 @@ compares the entry's revision (absent, or still the entry this gateway wrote) in
 overwrites it. Deletes are conditional on the same revision, so an entry written by anyone else is never
 removed. Every entry is bound to its executor's lease, so nothing outlives a crashed gateway for longer
 than that lease, and a re-attaching gateway deletes the entries of cells that had finished. A release etcd refuses
-stays pending and is retried, backing off while etcd is away; :mod:`jupyter_notebookos.gateway.reconcile` deletes
+stays pending and is retried, backing off while etcd is away; :mod:`jupyter_notebookos.gateway.upkeep.reconcile` deletes
 whatever is left over by anything else.
 """
 

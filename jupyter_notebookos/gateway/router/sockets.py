@@ -71,7 +71,7 @@ def forget_local_clients(kernel_id: str) -> None:
 
 
 class LocalClient(Protocol):
-    """A client of the kernel in this process (the gateway's websocket connection, see gateway/websocket.py)."""
+    """A client of the kernel in this process (the gateway's websocket connection, see gateway/web/websocket.py)."""
 
     def deliver_from_kernel(self, channel: str, frames: list[bytes]) -> bool:
         """Take a message the router sends on ``channel`` (``frames`` as its socket sends them: led by the

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from conftest import KERNEL, register
+from etcd_replicas import KERNEL, register
 
 from jupyter_notebookos.coordination import Coordinator
 from jupyter_notebookos.coordination.txn import Compare, Op, TxnResult

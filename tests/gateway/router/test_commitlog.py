@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from conftest import KERNEL, register
+from etcd_replicas import KERNEL, register
 
 from jupyter_notebookos.coordination import Coordinator
 from jupyter_notebookos.coordination.errors import EtcdUnavailable

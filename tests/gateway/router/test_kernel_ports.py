@@ -20,8 +20,8 @@ import pytest
 import zmq
 from jupyter_client import KernelManager
 
-from jupyter_notebookos.gateway.processproxy import adopt_ports
 from jupyter_notebookos.gateway.router.sockets import bind_client_socket
+from jupyter_notebookos.gateway.web.processproxy import adopt_ports
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The GPU ledger's deferred releases (``gateway/ledger.py``) against a real etcd."""
+"""The GPU ledger's deferred releases (``gateway/router/ledger.py``) against a real etcd."""
 
 from __future__ import annotations
 

@@ -17,13 +17,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
+from jupyter_notebookos.gateway.control.migrator import SchedulingHost
+from jupyter_notebookos.gateway.control.records import HostRecord
 from jupyter_notebookos.launchers.kubernetes.nodes import GpuNode, NodeEvent, NodeEventKind, NodeInventory
 from jupyter_notebookos.launchers.kubernetes.provisioner import PlaceholderProvisioner
 
-if TYPE_CHECKING:
-    from jupyter_notebookos.gateway.platform import GatewayPlatform
+
+class NodePlatform(SchedulingHost, Protocol):
+    """What keeping hosts in step with nodes needs of the gateway platform (which implements it)."""
+
+    @property
+    def hosts(self) -> Mapping[str, HostRecord]: ...
+
+    async def add_host(self, name: str, gpus: int, *, simulated: bool = True) -> None:
+        """A new host is ready: the scheduler may use it."""
+
+    async def remove_host(self, name: str) -> None:
+        """A host leaves the cluster."""
 
 
 class NodeHosts:
@@ -31,7 +44,7 @@ class NodeHosts:
 
     def __init__(
         self,
-        platform: GatewayPlatform,
+        platform: NodePlatform,
         inventory: NodeInventory,
         provisioner: PlaceholderProvisioner | None = None,
     ) -> None:

@@ -17,7 +17,7 @@ from jupyter_notebookos.coordination.auth import ensure_auth_enabled
 from jupyter_notebookos.coordination.client import EtcdCredentials
 from jupyter_notebookos.coordination.errors import EtcdFull
 from jupyter_notebookos.embedded.etcd import EtcdBinaryMissing, EtcdCluster, find_etcd_binary
-from jupyter_notebookos.gateway.defrag import MIB, EtcdMaintenance
+from jupyter_notebookos.gateway.upkeep.defrag import MIB, EtcdMaintenance
 
 QUOTA = 24 * MIB
 VALUE = b"x" * (MIB - 4096)  # under etcd's 1.5 MiB request limit

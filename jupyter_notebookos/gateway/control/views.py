@@ -5,11 +5,35 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from jupyter_notebookos.gateway.platformstate import PlatformState
+from jupyter_notebookos.gateway.control.autoscaler import Autoscaler
+from jupyter_notebookos.gateway.control.decisionlog import now
+from jupyter_notebookos.gateway.control.migrator import MigrationRunner
+from jupyter_notebookos.gateway.control.platformmetrics import PlatformMetrics
+from jupyter_notebookos.gateway.control.records import KernelRegistry
+from jupyter_notebookos.gateway.control.residency import GpuResidency
+from jupyter_notebookos.scheduler import Scheduler
 
 
-class PlatformViews(PlatformState):
-    """The platform's part that summarises the cluster and its kernels for the REST API and the metrics."""
+class PlatformViews:
+    """Summarises the cluster and its kernels for the REST API and the metrics (reads the platform's parts, writes
+    only the metrics' gauges)."""
+
+    def __init__(
+        self,
+        *,
+        scheduler: Scheduler,
+        kernels: KernelRegistry,
+        residency: GpuResidency,
+        metrics: PlatformMetrics,
+        migrations: MigrationRunner,
+        autoscaler: Autoscaler | None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.kernels = kernels
+        self.residency = residency
+        self.metrics = metrics
+        self.migrations = migrations
+        self.autoscaler = autoscaler
 
     def cluster_snapshot(self) -> dict[str, Any]:
         """The body of ``GET /api/notebookos/cluster``."""
@@ -29,14 +53,14 @@ class PlatformViews(PlatformState):
             for h in self.scheduler.hosts()
         ]
         kernels = [self.kernel_summary(kid) for kid in self.kernels]
-        now = self.now()
+        at = now()
         queue = [
             {
                 "position": position,
                 "kernel_id": q.kernel_id,
                 "cell_id": q.cell_id,
                 "gpus": q.gpus,
-                "waiting_ms": round(max(0.0, now - q.requested_at) * 1000.0, 1),
+                "waiting_ms": round(max(0.0, at - q.requested_at) * 1000.0, 1),
             }
             for position, q in enumerate(self.scheduler.queued_cells(), start=1)
         ]

@@ -7,7 +7,7 @@
 - **Its object-store prefix**: ``<object_store_url>/kernels/<kernel_id>``. Every replica of the kernel opens its
   store there, so no key of one kernel can name another's, and deleting the kernel deletes the prefix. On an
   S3-compatible store the replicas get no store credentials, only the kernel's *object token*, with which the
-  gateway signs URLs for that prefix alone (:mod:`jupyter_notebookos.gateway.objectbroker`).
+  gateway signs URLs for that prefix alone (:mod:`jupyter_notebookos.gateway.control.objectbroker`).
 - **Its environment**: a replica gets the kernel's ``KERNEL_*`` variables and the few that shape a process
   (``PATH``, locale, thread pools), never the gateway's own (its token, etcd's admin password, cloud keys).
 """

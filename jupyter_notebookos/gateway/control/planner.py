@@ -1,8 +1,8 @@
-"""The routers' planner: the scheduler decides where each cell runs, the platform turns that into actions.
+"""The routers' planner: the scheduler decides where each cell runs, the planner turns that into actions.
 
-Every :class:`~jupyter_notebookos.gateway.router.ReplicaRouter` asks :meth:`CellPlanning.place` for a
+Every :class:`~jupyter_notebookos.gateway.router.ReplicaRouter` asks :meth:`Planner.place` for a
 grant (executor and GPUs), waiting in the scheduler's queue or for a migration when it must, and calls
-:meth:`CellPlanning.release` when the cell is over; :meth:`CellPlanning.dispatch` starts queued cells that fit.
+:meth:`Planner.release` when the cell is over; :meth:`Planner.dispatch` starts queued cells that fit.
 """
 
 from __future__ import annotations
@@ -13,7 +13,12 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from jupyter_notebookos.gateway.platformstate import PlatformState
+from jupyter_notebookos.gateway.control.autoscaler import Autoscaler
+from jupyter_notebookos.gateway.control.decisionlog import log, log_decision, now
+from jupyter_notebookos.gateway.control.migrator import MigrationRunner
+from jupyter_notebookos.gateway.control.platformmetrics import PlatformMetrics
+from jupyter_notebookos.gateway.control.records import KernelRegistry
+from jupyter_notebookos.gateway.control.residency import GpuResidency
 from jupyter_notebookos.gateway.router.cells import CellGrant, CellRejected, CellRequest
 from jupyter_notebookos.gateway.router.replicas import scheduler_id
 from jupyter_notebookos.scheduler import (
@@ -24,11 +29,38 @@ from jupyter_notebookos.scheduler import (
     MigrationFailed,
     RejectCell,
     RunCell,
+    Scheduler,
 )
 
 
-class CellPlanning(PlatformState):
-    """The platform's part that is every router's :class:`~jupyter_notebookos.gateway.router.cells.CellPlanner`."""
+class Planner:
+    """Every router's :class:`~jupyter_notebookos.gateway.router.cells.CellPlanner`: the scheduler decides, the
+    planner waits for what the decision needs (the queue, a migration, room on the GPUs, the replica catching up).
+
+    It owns the cells waiting in the scheduler's queue (their futures); ``launch_timeout`` bounds how long a replica
+    may take to catch up with the state log."""
+
+    def __init__(
+        self,
+        *,
+        scheduler: Scheduler,
+        kernels: KernelRegistry,
+        residency: GpuResidency,
+        metrics: PlatformMetrics,
+        migrations: MigrationRunner,
+        autoscaler: Autoscaler | None,
+        launch_timeout: float,
+        logger: logging.Logger | Any = log,
+    ) -> None:
+        self.scheduler = scheduler
+        self.kernels = kernels
+        self.residency = residency
+        self.metrics = metrics
+        self.migrations = migrations
+        self.autoscaler = autoscaler
+        self.launch_timeout = launch_timeout
+        self.log = logger
+        self._waiting: dict[tuple[str, str], asyncio.Future[RunCell | MigrateThenRun]] = {}
 
     def place(self, request: CellRequest) -> CellGrant | Coroutine[Any, Any, CellGrant]:
         """Ask the scheduler where the cell runs. The grant itself when nothing stands between the cell and its
@@ -39,7 +71,7 @@ class CellPlanning(PlatformState):
             raise CellRejected(f"kernel {request.kernel_id} is shutting down")
         prefer = scheduler_id(request.prefer) if request.prefer is not None else None
         decision: Decision = self.scheduler.request_cell(
-            request.kernel_id, request.cell_id, now=self.now(), gpus=request.gpus, prefer=prefer
+            request.kernel_id, request.cell_id, now=now(), gpus=request.gpus, prefer=prefer
         )
         self._log_decision(decision)
         if isinstance(decision, RunCell):
@@ -54,7 +86,7 @@ class CellPlanning(PlatformState):
     def _grant(self, decision: RunCell) -> CellGrant:
         grant = CellGrant(str(decision.replica_id), decision.host, tuple(decision.device_ids), decision.detail)
         if self.autoscaler is not None:  # kernels this cell stranded move now, off its critical path
-            self.autoscaler.start_moves(self.scheduler.prepare_moves(self.now()))
+            self.autoscaler.start_moves(self.scheduler.prepare_moves(now()))
         return grant
 
     async def _acquire(self, request: CellRequest, decision: Decision) -> CellGrant:
@@ -132,11 +164,11 @@ class CellPlanning(PlatformState):
         does not catch up in time, the router notices and asks again)."""
         record = self.kernels.get(request.kernel_id)
         if record is not None:
-            await record.router.wait_caught_up(grant.replica_id, self.router_settings.launch_timeout)
+            await record.router.wait_caught_up(grant.replica_id, self.launch_timeout)
 
     def release(self, kernel_id: str, cell_id: str) -> None:
         """A cell finished: release its GPUs in the scheduler and start queued cells that now fit."""
-        decision = self.scheduler.cell_finished(kernel_id, cell_id, now=self.now())
+        decision = self.scheduler.cell_finished(kernel_id, cell_id, now=now())
         self._log_decision(decision)
         if isinstance(decision, CellFinished) and not decision.was_queued:
             self.metrics.cells.labels("finished").inc()
@@ -145,19 +177,24 @@ class CellPlanning(PlatformState):
 
     def dispatch(self) -> None:
         """Start the queued cells that can run now (after GPUs were released or capacity added)."""
-        dispatch = self.scheduler.dispatch_queued(now=self.now())
+        dispatch = self.scheduler.dispatch_queued(now=now())
         for started in dispatch.started:
             self._log_decision(started)
             future = self._waiting.get((started.kernel_id, started.cell_id))
             if isinstance(started, MigrateThenRun):
-                self.scheduler.migration_finished(started.migration.migration_id, now=self.now(), ok=False)
+                self.scheduler.migration_finished(started.migration.migration_id, now=now(), ok=False)
                 continue
             if future is not None and not future.done():
                 future.set_result(started)
             else:
-                self.scheduler.cell_finished(started.kernel_id, started.cell_id, now=self.now())
+                self.scheduler.cell_finished(started.kernel_id, started.cell_id, now=now())
+
+    def kernel_stopped(self, kernel_id: str) -> None:
+        """The kernel is stopping: its cells waiting in the queue are refused."""
+        for key in [k for k in self._waiting if k[0] == kernel_id]:
+            future = self._waiting.pop(key)
+            if not future.done():
+                future.set_exception(CellRejected("the kernel is shutting down"))
 
     def _log_decision(self, decision: Decision) -> None:
-        # Routine per-cell decisions at DEBUG (two per cell); everything else is worth an INFO line.
-        routine = isinstance(decision, RunCell | CellFinished) and getattr(decision, "reason", "") != "migrated"
-        self.log.log(logging.DEBUG if routine else logging.INFO, "scheduler: %s", decision)
+        log_decision(self.log, decision)

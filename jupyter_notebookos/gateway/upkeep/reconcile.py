@@ -13,17 +13,17 @@ entry outlives its cell by more than two rounds (plus one etcd call); entries wh
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from jupyter_notebookos.coordination.client import Coordinator
 from jupyter_notebookos.coordination.kv import KeyValue
 from jupyter_notebookos.coordination.quarantine import quarantine
 from jupyter_notebookos.coordination.txn import Compare, Op
-from jupyter_notebookos.gateway.rounds import PeriodicRounds
-
-if TYPE_CHECKING:
-    from jupyter_notebookos.gateway.platform import GatewayPlatform
-
+from jupyter_notebookos.gateway.router.ledger import LedgerReleases
+from jupyter_notebookos.gateway.upkeep.rounds import PeriodicRounds
+from jupyter_notebookos.scheduler import Scheduler
 
 #: Seconds between two rounds (the default of ``NotebookOSGatewayApp.ledger_reconcile_interval``).
 DEFAULT_RECONCILE_INTERVAL = 10.0
@@ -56,13 +56,36 @@ class ReconcileRound:
         return "ledger reconciled: " + "; ".join(parts)
 
 
+class CellHolder(Protocol):
+    """A kernel's router, as the reconciler sees it."""
+
+    def live_cells(self) -> set[str]:
+        """The msg_ids of the cells it holds (running, waiting, adopted, or replied with their state unpublished)."""
+
+
 class LedgerReconciler(PeriodicRounds):
-    """Runs :meth:`run_round` every ``interval`` seconds while the platform runs."""
+    """Runs :meth:`run_round` every ``interval`` seconds while the platform runs.
+
+    ``routers()`` says which kernels this gateway runs now, by id, and the cells their routers hold; ``release``
+    frees a cell's GPUs in the scheduler (the platform's planner)."""
 
     activity = "reconciling the GPU ledger"
 
-    def __init__(self, platform: GatewayPlatform, interval: float = DEFAULT_RECONCILE_INTERVAL) -> None:
-        self.platform = platform
+    def __init__(
+        self,
+        *,
+        coordinator: Coordinator,
+        ledger: LedgerReleases,
+        scheduler: Scheduler,
+        routers: Callable[[], Mapping[str, CellHolder]],
+        release: Callable[[str, str], None],
+        interval: float = DEFAULT_RECONCILE_INTERVAL,
+    ) -> None:
+        self.coordinator = coordinator
+        self.ledger = ledger
+        self.scheduler = scheduler
+        self.routers = routers
+        self.release = release
         self.interval = interval
         self._suspect_entries: dict[str, int] = {}  # key -> mod_revision when first seen without a live cell
         self._suspect_cells: set[tuple[str, str]] = set()
@@ -70,24 +93,17 @@ class LedgerReconciler(PeriodicRounds):
     def live_cells(self) -> set[tuple[str, str]]:
         """(kernel, msg_id) of every cell a router holds: running, waiting for GPUs, adopted, or replied but
         with its state record not published yet (its cell record holds its seq until then)."""
-        return {
-            (kernel_id, msg_id)
-            for kernel_id, record in self.platform.kernels.items()
-            for msg_id in record.router.live_cells()
-        }
+        return {(kernel_id, msg_id) for kernel_id, router in self.routers().items() for msg_id in router.live_cells()}
 
     async def run_round(self) -> ReconcileRound:
         """One pass over the ledger and the scheduler's running cells."""
-        platform = self.platform
-        co, ledger = platform.coordinator, platform.ledger
-        if co is None or ledger is None:
-            return ReconcileRound()
+        co, ledger = self.coordinator, self.ledger
         live = self.live_cells()  # before the read: a cell that starts meanwhile is new, not leaked
         keys = co.keys
         found: list[tuple[KeyValue, tuple[str, str] | None]] = []
         for kv in await co.get_prefix(keys.gpus_prefix()):
             found.append((kv, entry_cell(kv)))
-        for kernel_id in list(platform.kernels):
+        for kernel_id in list(self.routers()):
             for kv in await co.get_prefix(keys.cells_prefix(kernel_id)):
                 found.append((kv, (kernel_id, keys.last_segment(kv.key)) if _is_json_object(kv) else None))
         outcome = ReconcileRound(entries=len(found))
@@ -108,13 +124,14 @@ class LedgerReconciler(PeriodicRounds):
         self._suspect_entries = suspects
         outcome.suspects = len(suspects)
         # The scheduler's side: GPUs it counts for a cell no router holds are free in truth.
+        kernels = self.routers()
         orphans = {
             (c.kernel_id, c.cell_id)
-            for c in platform.scheduler.running_cells()
-            if c.kernel_id in platform.kernels and (c.kernel_id, c.cell_id) not in live
+            for c in self.scheduler.running_cells()
+            if c.kernel_id in kernels and (c.kernel_id, c.cell_id) not in live
         }
         for kernel_id, cell_id in orphans & self._suspect_cells:
-            platform.release(kernel_id, cell_id)
+            self.release(kernel_id, cell_id)
             outcome.released.append(f"{kernel_id}/{cell_id}")
         self._suspect_cells = orphans - self._suspect_cells
         return outcome

@@ -1,6 +1,6 @@
 """Our REST endpoints beside Enterprise Gateway's: ``/api/notebookos/*``, ``/metrics`` and the dashboard's page.
 
-They identify the requester as EG's handlers do in this gateway (:mod:`jupyter_notebookos.gateway.ownership`):
+They identify the requester as EG's handlers do in this gateway (:mod:`jupyter_notebookos.gateway.web.authorization`):
 the admin token sees everything, a user sees their own kernels in full and other users' only as load, and
 ``/metrics`` takes the admin token or the read-only metrics token. CORS and JSON errors are EG's.
 """
@@ -16,8 +16,8 @@ from jupyter_server.base.handlers import APIHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 
-from jupyter_notebookos.gateway.dashboard import cluster_totals, dashboard_handlers
-from jupyter_notebookos.gateway.ownership import IdentifiedHandlerMixin, cluster_view, kernel_owner
+from jupyter_notebookos.gateway.web.authorization import IdentifiedHandlerMixin, cluster_view, kernel_owner
+from jupyter_notebookos.gateway.web.dashboard import cluster_totals, dashboard_handlers
 
 
 class _NotebookOSHandler(IdentifiedHandlerMixin, CORSMixin, JSONErrorsMixin, APIHandler):
@@ -25,7 +25,7 @@ class _NotebookOSHandler(IdentifiedHandlerMixin, CORSMixin, JSONErrorsMixin, API
 
     @property
     def platform(self) -> Any:
-        """The gateway's :class:`~jupyter_notebookos.gateway.platform.GatewayPlatform`."""
+        """The gateway's :class:`~jupyter_notebookos.gateway.control.gatewayplatform.GatewayPlatform`."""
         return self.settings["notebookos_platform"]
 
     def write_json(self, payload: object, status: int = 200) -> None:
@@ -40,7 +40,7 @@ class ClusterHandler(_NotebookOSHandler):
 
     async def get(self) -> None:
         assert self.identity is not None
-        snapshot = self.platform.cluster_snapshot()
+        snapshot = self.platform.views.cluster_snapshot()
         view = cluster_view(snapshot, self.identity, lambda kernel_id: kernel_owner(self.settings, kernel_id))
         view["totals"] = cluster_totals(view, unowned="(admin)" if self.identity.is_admin else "(other users)")
         self.write_json(view)
@@ -79,7 +79,7 @@ class MetricsHandler(_NotebookOSHandler):
     reads_metrics = True
 
     async def get(self) -> None:
-        self.platform.refresh_metrics()
+        self.platform.views.refresh_metrics()
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
         self.finish(generate_latest(self.platform.metrics.registry))
 
@@ -90,7 +90,7 @@ class KernelHandler(_NotebookOSHandler):
     async def get(self, kernel_id: str) -> None:
         if kernel_id not in self.platform.kernels:
             raise web.HTTPError(404, f"no NotebookOS kernel {kernel_id}")
-        summary = self.platform.kernel_summary(kernel_id)
+        summary = self.platform.views.kernel_summary(kernel_id)
         summary["owner"] = kernel_owner(self.settings, kernel_id) or None  # None: the admin's
         add_memory(summary)
         self.write_json(summary)
@@ -120,7 +120,7 @@ class MigrateHandler(_NotebookOSHandler):
     """``POST /api/notebookos/kernels/{kernel_id}/replicas/{replica_id}/migrate`` (optional ``{"host"}``)."""
 
     async def post(self, kernel_id: str, replica_id: str) -> None:
-        from jupyter_notebookos.gateway.platform import MigrationRequestError
+        from jupyter_notebookos.gateway.control.gatewayplatform import MigrationRequestError
 
         target = None
         if self.request.body:

@@ -23,7 +23,7 @@ from traitlets.config import LoggingConfigurable
 
 from jupyter_notebookos.coordination.client import Coordinator, EtcdMemberInfo
 from jupyter_notebookos.coordination.errors import CoordinationError
-from jupyter_notebookos.gateway.rounds import PeriodicRounds, RoundOutcome
+from jupyter_notebookos.gateway.upkeep.rounds import PeriodicRounds, RoundOutcome
 
 log = logging.getLogger(__name__)
 

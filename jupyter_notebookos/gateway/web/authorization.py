@@ -6,7 +6,7 @@ of every handler that used EG's check (kernels, interrupt/restart, the channels 
 kernelspecs, ``/api``) and in place of that check; our own handlers (``/api/notebookos/*``, ``/metrics``) use
 the mixin directly. The mixin
 
-1. establishes the request's :class:`~jupyter_notebookos.gateway.identity.Identity` (401 for no or an unknown
+1. establishes the request's :class:`~jupyter_notebookos.gateway.web.identity.Identity` (401 for no or an unknown
    token, 503 when JupyterHub cannot be asked);
 2. refuses what the identity may not do (403): the metrics token outside ``/metrics``, a user on an
    admin-only route, and a user on any route with a ``kernel_id`` that belongs to someone else.
@@ -34,7 +34,7 @@ from jupyter_client.jsonutil import date_default
 from jupyter_server.utils import ensure_async
 from tornado import web
 
-from jupyter_notebookos.gateway.identity import Identities, Identity, IdentityError, Role, request_token
+from jupyter_notebookos.gateway.web.identity import Identities, Identity, IdentityError, Role, request_token
 
 log = logging.getLogger(__name__)
 

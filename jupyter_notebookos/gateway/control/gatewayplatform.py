@@ -2,12 +2,14 @@
 
 One instance lives in the gateway process (:meth:`GatewayPlatform.current`). EG's handlers reach it through
 the NotebookOS process proxy; our REST handlers read it. It owns every long-lived resource and starts and
-stops them in order. It also is the routers' :class:`~jupyter_notebookos.gateway.router.cells.CellPlanner`: the
-scheduler decides, the platform turns decisions into actions.
+stops them in order.
 
-:class:`GatewayPlatform` is assembled from parts, one job each: the planner (:mod:`.planner`), the REST and
-metrics views (:mod:`.views`), re-attaching after a gateway restart (:mod:`.reattach`) and replacing lost replicas
-(:mod:`.replacement`). This module holds the lifecycle, the kernels and their replica processes, and the hosts.
+:class:`GatewayPlatform` is built fully configured from :class:`~.platformsettings.PlatformSettings` and holds parts
+that own their state: the routers' planner (:class:`~.planner.Planner`), the REST and metrics views
+(:class:`~.views.PlatformViews`), the replacement of lost replicas (:class:`~.replacement.ReplicaReplacer`),
+migrations and autoscaling; re-attaching after a gateway restart (:class:`~.reattachment.Reattacher`) runs once at
+start. This module holds the lifecycle, the kernels (:class:`~.records.KernelRegistry`, which only it changes) and
+their replica processes, and the hosts.
 """
 
 from __future__ import annotations
@@ -19,43 +21,34 @@ import logging
 import time
 from typing import Any, ClassVar
 
-from jupyter_notebookos.coordination.client import Coordinator, EtcdCredentials, EtcdTls
+from jupyter_notebookos.coordination.client import Coordinator
 from jupyter_notebookos.coordination.errors import CoordinationError
-from jupyter_notebookos.gateway.access import KernelAccessManager, ensure_etcd_auth, replica_env
-from jupyter_notebookos.gateway.autoscaler import Autoscaler
-from jupyter_notebookos.gateway.events import EventLog
-from jupyter_notebookos.gateway.metrics import PlatformMetrics
-from jupyter_notebookos.gateway.migration import MigrationRunner
-from jupyter_notebookos.gateway.objectbroker import LocalObjectBroker, ObjectBroker, make_broker, wants_broker
-from jupyter_notebookos.gateway.planner import CellPlanning
-from jupyter_notebookos.gateway.reattach import Reattachment
-from jupyter_notebookos.gateway.reconcile import DEFAULT_RECONCILE_INTERVAL, LedgerReconciler
-from jupyter_notebookos.gateway.records import HostRecord, KernelRecord
-from jupyter_notebookos.gateway.rejoin import DEFAULT_REJOIN_GRACE
-from jupyter_notebookos.gateway.replacement import ReplicaReplacement
-from jupyter_notebookos.gateway.residency import GpuResidency
-from jupyter_notebookos.gateway.router import ReplicaRouter, RouterSettings
-from jupyter_notebookos.gateway.router.cells import CellRejected
+from jupyter_notebookos.gateway.control.access import KernelAccessManager, ensure_etcd_auth, replica_env
+from jupyter_notebookos.gateway.control.autoscaler import Autoscaler
+from jupyter_notebookos.gateway.control.decisionlog import log, log_decision
+from jupyter_notebookos.gateway.control.decisionlog import now as clock
+from jupyter_notebookos.gateway.control.events import EventLog
+from jupyter_notebookos.gateway.control.migrator import MigrationRunner
+from jupyter_notebookos.gateway.control.objectbroker import LocalObjectBroker, ObjectBroker, make_broker, wants_broker
+from jupyter_notebookos.gateway.control.planner import Planner
+from jupyter_notebookos.gateway.control.platformmetrics import PlatformMetrics
+from jupyter_notebookos.gateway.control.platformsettings import PlatformSettings
+from jupyter_notebookos.gateway.control.reattachment import Reattacher
+from jupyter_notebookos.gateway.control.records import HostRecord, KernelRecord, KernelRegistry
+from jupyter_notebookos.gateway.control.replacement import ReplicaReplacer
+from jupyter_notebookos.gateway.control.residency import GpuResidency
+from jupyter_notebookos.gateway.control.views import PlatformViews
+from jupyter_notebookos.gateway.router import ReplicaRouter
 from jupyter_notebookos.gateway.router.ledger import LedgerReleases
 from jupyter_notebookos.gateway.router.replicas import Phase, scheduler_id
-from jupyter_notebookos.gateway.views import PlatformViews
+from jupyter_notebookos.gateway.upkeep.reconcile import LedgerReconciler
 from jupyter_notebookos.gpu.discovery import host_devices, nvml_devices
 from jupyter_notebookos.launchers.base import Launcher, LaunchError, ReplicaSpec
 from jupyter_notebookos.launchers.provisioning import HostProvisioner
 from jupyter_notebookos.replication import protocol
 from jupyter_notebookos.replication.brokerfs import PROTOCOL as BROKER_PROTOCOL
-from jupyter_notebookos.scheduler import (
-    HostSpec,
-    MigrateThenRun,
-    MigrationFailed,
-    MigrationRefused,
-    Placement,
-    RunCell,
-    Scheduler,
-)
+from jupyter_notebookos.scheduler import HostSpec, MigrationFailed, MigrationRefused, Placement, Scheduler
 from jupyter_notebookos.waiting import wait_event
-
-log = logging.getLogger(__name__)
 
 
 class MigrationRequestError(Exception):
@@ -70,54 +63,30 @@ class KernelRequestError(ValueError):
     """A kernel start request that cannot be honoured (bad ``KERNEL_GPUS``, no room); the text is for users."""
 
 
-class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacement):
+class GatewayPlatform:
     """Everything NotebookOS adds to the gateway process."""
 
     _current: ClassVar[GatewayPlatform | None] = None
 
     def __init__(
         self,
+        settings: PlatformSettings,
         *,
-        etcd_endpoints: list[str],
-        etcd_prefix: str,
-        etcd_timeout: float,
-        simulated_hosts: int,
-        gpus_per_host: int,
-        state_dir: str,
-        object_store_url: str,
-        scheduler: Scheduler | None = None,
         launcher: Launcher,
+        scheduler: Scheduler | None = None,
         provisioner: HostProvisioner | None = None,
-        autoscale_interval: float = 0.0,
-        router_settings: RouterSettings | None = None,
-        replica_lease_ttl: int = protocol.DEFAULT_LEASE_TTL,
         log: logging.Logger | Any = log,
     ) -> None:
-        self.etcd_endpoints = etcd_endpoints
-        self.etcd_prefix = etcd_prefix
-        self.etcd_timeout = etcd_timeout
-        self.state_dir = state_dir
-        self.object_store_url = object_store_url
+        self.settings = settings
         self.launcher = launcher
-        self.router_settings = router_settings or RouterSettings(etcd_timeout=etcd_timeout)
-        self.replica_lease_ttl = replica_lease_ttl
-        # Seconds a live replica whose etcd lease ended may take to register again (the app sets it).
-        self.rejoin_grace = DEFAULT_REJOIN_GRACE
-        # Seconds between two reconciliations of the GPU ledger with the scheduler (the app sets it; 0: off).
-        self.reconcile_interval = DEFAULT_RECONCILE_INTERVAL
-        self.reconciler: LedgerReconciler | None = None
-        # Replicas keep GPU state on the device between cells, evicted when the GPU changes hands (the app sets it).
-        self.gpu_sticky = False
-        # Names the operator lets kernels inherit from the gateway (EG's inherited_envs; the app sets them).
-        self.inherited_envs: frozenset[str] = frozenset()
-        self.residency = GpuResidency()
         self.log = log
         self.metrics = PlatformMetrics()
         self.events = EventLog()  # migrations, scaling, hosts: the dashboard's timeline
+        self.residency = GpuResidency()
         real = nvml_devices()
         self.hosts = {
-            name: HostRecord(name, host_devices(name, gpus_per_host, real=real))
-            for name in (f"host-{i}" for i in range(simulated_hosts))
+            name: HostRecord(name, host_devices(name, settings.gpus_per_host, real=real))
+            for name in (f"host-{i}" for i in range(settings.simulated_hosts))
         }
         self.scheduler = scheduler or Scheduler()
         for host in self.hosts.values():
@@ -125,35 +94,54 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
                 HostSpec(host.name, len(host.devices), tuple(d.index for d in host.devices), host.simulated),
                 now=self.now(),
             )
-        self.kernels: dict[str, KernelRecord] = {}
-        self.adopted: list[dict[str, Any]] = []
+        self.kernels = KernelRegistry()
+        self.migrations = MigrationRunner(self, launch_timeout=settings.router.launch_timeout)
+        self.autoscaler = (
+            Autoscaler(self, provisioner, settings.autoscale_interval)
+            if provisioner is not None and settings.autoscale_interval > 0
+            else None
+        )
+        self.planner = Planner(
+            scheduler=self.scheduler,
+            kernels=self.kernels,
+            residency=self.residency,
+            metrics=self.metrics,
+            migrations=self.migrations,
+            autoscaler=self.autoscaler,
+            launch_timeout=settings.router.launch_timeout,
+            logger=log,
+        )
+        self.views = PlatformViews(
+            scheduler=self.scheduler,
+            kernels=self.kernels,
+            residency=self.residency,
+            metrics=self.metrics,
+            migrations=self.migrations,
+            autoscaler=self.autoscaler,
+        )
+        self.replacer = ReplicaReplacer(
+            kernels=self.kernels,
+            scheduler=self.scheduler,
+            launcher=launcher,
+            residency=self.residency,
+            rejoin_grace=settings.rejoin_grace,
+            start_replica=self.start_replica_process,
+            dispatch=self.planner.dispatch,
+            logger=log,
+        )
+        # What start() connects: etcd, the GPU ledger's deferred releases, the kernels' identities, the object
+        # broker (S3 stores: the gateway signs its kernels' object operations; None: replicas open the store).
         self.coordinator: Coordinator | None = None
-        self.ledger: LedgerReleases | None = None  # the GPU ledger's deferred releases in etcd
-        # etcd client TLS (the gateway app sets it from its traitlets); None: plain gRPC.
-        self.etcd_tls: EtcdTls | None = None
-        # The gateway's etcd admin identity (etcd auth on; the app sets it); None: auth off.
-        self.etcd_credentials: EtcdCredentials | None = None
+        self.ledger: LedgerReleases | None = None
         self.access: KernelAccessManager | None = None
-        # S3-compatible stores: the gateway signs its kernels' object operations (replicas hold no store keys);
-        # ``object_broker_url`` is where replicas reach it (the app sets it). None: replicas open the store.
         self.object_broker: ObjectBroker | LocalObjectBroker | None = None
-        self.object_store_access = "auto"  # auto (S3 stores brokered), broker, direct
-        self.object_broker_url = ""
-        self.object_url_expires = 900
+        self.reconciler: LedgerReconciler | None = None
+        self.adopted: list[dict[str, Any]] = []  # the session records of the kernels re-attached at start
         # Set once start() is done: the HTTP server listens while start() runs (EG binds it first), so a kernel
         # start that arrives meanwhile waits for it instead of failing.
         self.ready = asyncio.Event()
-        self._waiting: dict[tuple[str, str], asyncio.Future[RunCell | MigrateThenRun]] = {}
         # Kernels being stopped: a restart (EG stops, then starts the same id) waits for the stop to finish.
         self._stopping: dict[str, asyncio.Future[None]] = {}
-        self._monitor: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.migrations = MigrationRunner(self)
-        self.autoscaler = (
-            Autoscaler(self, provisioner, autoscale_interval)
-            if provisioner is not None and autoscale_interval > 0
-            else None
-        )
         GatewayPlatform._current = self
 
     @classmethod
@@ -165,30 +153,42 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
+    @staticmethod
+    def now() -> float:
+        """The scheduler's clock (monotonic seconds)."""
+        return clock()
+
+    def dispatch(self) -> None:
+        """Start the queued cells that can run now (after GPUs were released or capacity added)."""
+        self.planner.dispatch()
+
     async def start(self) -> None:
         """Connect to etcd (turning its auth on if it is off and we have the admin identity) and publish the
         hosts; re-attach to running kernels and remove what is left of kernels that are gone."""
-        if self.etcd_credentials is not None:
+        settings = self.settings
+        if settings.etcd_credentials is not None:
             await ensure_etcd_auth(
-                self.etcd_endpoints,
-                self.etcd_credentials,
-                prefix=self.etcd_prefix,
-                timeout=self.etcd_timeout,
-                tls=self.etcd_tls,
+                settings.etcd_endpoints,
+                settings.etcd_credentials,
+                prefix=settings.etcd_prefix,
+                timeout=settings.etcd_timeout,
+                tls=settings.etcd_tls,
             )
-        self.coordinator = await Coordinator.connect(
-            self.etcd_endpoints,
-            timeout=self.etcd_timeout,
-            prefix=self.etcd_prefix,
-            tls=self.etcd_tls,
-            credentials=self.etcd_credentials,
+        coordinator = self.coordinator = await Coordinator.connect(
+            settings.etcd_endpoints,
+            timeout=settings.etcd_timeout,
+            prefix=settings.etcd_prefix,
+            tls=settings.etcd_tls,
+            credentials=settings.etcd_credentials,
         )
-        self.access = KernelAccessManager(
-            self.coordinator, self.object_store_url, etcd_auth=self.etcd_credentials is not None
+        access = self.access = KernelAccessManager(
+            coordinator, settings.object_store_url, etcd_auth=settings.etcd_credentials is not None
         )
-        if self.object_broker is None and wants_broker(self.object_store_access, self.object_store_url):
-            self.object_broker = make_broker(self.object_store_url, self.object_broker_url, self.object_url_expires)
-        self.ledger = LedgerReleases(self.coordinator)
+        if wants_broker(settings.object_store_access, settings.object_store_url):
+            self.object_broker = make_broker(
+                settings.object_store_url, settings.object_broker_url, settings.object_url_expires
+            )
+        self.ledger = LedgerReleases(coordinator)
         for host in self.hosts.values():
             record = {
                 "name": host.name,
@@ -196,14 +196,30 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
                 "simulated": host.simulated,
                 "devices": [{"index": d.index, "uuid": d.uuid, "name": d.name} for d in host.devices],
             }
-            await self.coordinator.put(self.coordinator.keys.host(host.name), json.dumps(record))
-        self.adopted = await self._reattach()
-        await self.access.sweep(self.kernels)
+            await coordinator.put(coordinator.keys.host(host.name), json.dumps(record))
+        reattacher = Reattacher(
+            coordinator=coordinator,
+            launcher=self.launcher,
+            scheduler=self.scheduler,
+            access=access,
+            new_router=self._new_router,
+            attach=self._attach_kernel,
+            logger=self.log,
+        )
+        self.adopted = await reattacher.reattach()
+        await access.sweep(self.kernels)
         warm = getattr(self.launcher, "warm", None)
         if warm is not None:
             warm()
-        self._monitor = asyncio.ensure_future(self._monitor_replicas())
-        self.reconciler = LedgerReconciler(self, self.reconcile_interval)
+        self.replacer.start(coordinator)
+        self.reconciler = LedgerReconciler(
+            coordinator=coordinator,
+            ledger=self.ledger,
+            scheduler=self.scheduler,
+            routers=lambda: {kernel_id: record.router for kernel_id, record in self.kernels.items()},
+            release=self.planner.release,
+            interval=settings.reconcile_interval,
+        )
         self.reconciler.start()
         if self.autoscaler is not None:
             self.autoscaler.start()
@@ -212,15 +228,14 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
             "NotebookOS platform up: %d hosts, %d GPUs, etcd at %s",
             len(self.hosts),
             sum(len(h.devices) for h in self.hosts.values()),
-            ",".join(self.etcd_endpoints),
+            ",".join(settings.etcd_endpoints),
         )
 
     async def stop(self, *, stop_kernels: bool = True) -> None:
         """Release etcd; stop every kernel's replicas too, unless they are to outlive this gateway (their
         sessions stay in etcd and the next gateway re-attaches)."""
         self.ready.clear()
-        if self._monitor is not None:
-            self._monitor.cancel()
+        self.replacer.stop()
         if self.reconciler is not None:
             await self.reconciler.stop()
         if self.autoscaler is not None:
@@ -229,15 +244,47 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
             if stop_kernels:
                 await self.stop_kernel(kernel_id, now=True)
             else:
-                record = self.kernels.pop(kernel_id)
-                record.router.begin_shutdown()  # its replicas' leases are theirs: nothing is lost
-                await record.router.close()
+                record = self.kernels.remove(kernel_id)
+                if record is not None:
+                    record.router.begin_shutdown()  # its replicas' leases are theirs: nothing is lost
+                    await record.router.close()
         if self.ledger is not None:
             with contextlib.suppress(CoordinationError):
                 await self.ledger.flush()
         if self.coordinator is not None:
             await self.coordinator.close()
             self.coordinator = None
+
+    def _new_router(
+        self, kernel_id: str, ip: str, ports: dict[str, int], key: bytes, signature_scheme: str, gpus: int
+    ) -> ReplicaRouter:
+        """A router for a kernel at this connection info, planned by this platform (a new or a re-attached one)."""
+        assert self.coordinator is not None and self.ledger is not None
+        return ReplicaRouter(
+            kernel_id=kernel_id,
+            ip=ip,
+            ports=ports,
+            key=key,
+            signature_scheme=signature_scheme,
+            gpus=gpus,
+            coordinator=self.coordinator,
+            planner=self.planner,
+            ledger=self.ledger,
+            settings=self.settings.router,
+            on_replica_lost=self.replacer.on_replica_lost,
+        )
+
+    async def _attach_kernel(self, record: KernelRecord) -> None:
+        """A kernel a previous gateway left running: its router serves at the kernel's ports again (those its
+        clients' kernel manager has: taken by another process, no kernel here)."""
+        self.kernels.add(record)
+        try:
+            await record.router.bind()
+        except LaunchError:
+            self.kernels.remove(record.kernel_id)
+            await record.router.close()
+            raise
+        await record.router.start(fresh=False)
 
     # -- kernels ------------------------------------------------------------------------------------
 
@@ -264,20 +311,20 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         ``ports`` taken meanwhile is replaced by a free one in ``port_range`` (EG's, (0, 0): any): the router's
         ``ports`` are the kernel's."""
         if not self.ready.is_set():
-            await wait_event(self.ready, self.etcd_timeout * 4)
+            await wait_event(self.ready, self.settings.etcd_timeout * 4)
         if self.coordinator is None or self.ledger is None or self.access is None:
             raise LaunchError("the NotebookOS platform is not connected to etcd yet")
         # A restart: the old incarnation's replicas, keys, objects and GPUs must be gone before the new one's arrive.
         await self.kernel_stopped(kernel_id)
         placement = self.scheduler.start_kernel(kernel_id, gpus, now=self.now())
-        self._log_decision(placement)
+        log_decision(self.log, placement)
         if not isinstance(placement, Placement):
             raise KernelRequestError(f"cannot start kernel {kernel_id}: {placement}")
         router = self._new_router(kernel_id, ip, ports, key, signature_scheme, gpus)
-        record = KernelRecord(kernel_id, kernel_name, gpus, router, env)
-        record.config = dict(config or {})
-        record.launch_timeout = launch_timeout
-        self.kernels[kernel_id] = record
+        record = KernelRecord(
+            kernel_id, kernel_name, gpus, router, env, config=dict(config or {}), launch_timeout=launch_timeout
+        )
+        self.kernels.add(record)
         try:
             record.access = await self.access.create(kernel_id)
             await router.bind(port_range=port_range)
@@ -294,7 +341,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
                     pending.cancel()
                 await asyncio.gather(*starts, return_exceptions=True)
                 raise
-            timeout = launch_timeout or self.router_settings.launch_timeout
+            timeout = launch_timeout or self.settings.router.launch_timeout
             missing = await router.wait_registered({str(s.replica_id) for s in placement.replicas}, timeout)
             if missing:
                 raise LaunchError(self._launch_failure(record, missing, timeout))
@@ -355,7 +402,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         await asyncio.shield(self.stop_kernel_soon(kernel_id, now=now))
 
     async def _stop_kernel(self, kernel_id: str, *, now: bool) -> None:
-        record = self.kernels.pop(kernel_id, None)
+        record = self.kernels.remove(kernel_id)
         self.residency.forget(kernel_id)
         if record is None:
             return
@@ -372,11 +419,8 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
             "the kernel was shut down or restarted while this cell ran; it did not finish"
         )
         await record.router.close()
-        for key in [k for k in self._waiting if k[0] == kernel_id]:
-            future = self._waiting.pop(key)
-            if not future.done():
-                future.set_exception(CellRejected("the kernel is shutting down"))
-        self._log_decision(self.scheduler.stop_kernel(kernel_id, now=self.now()))
+        self.planner.kernel_stopped(kernel_id)
+        log_decision(self.log, self.scheduler.stop_kernel(kernel_id, now=self.now()))
         self.dispatch()
         if self.coordinator is not None:
             with contextlib.suppress(CoordinationError):
@@ -406,31 +450,32 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         record.replicas.started(replica_id, await self.launcher.start_replica(spec))
 
     def _replica_env(self, record: KernelRecord, host: str) -> dict[str, str]:
-        env = replica_env(record.env, self.inherited_envs)
+        settings = self.settings
+        env = replica_env(record.env, settings.inherited_envs)
         router = record.router
         assert self.access is not None
         env.update(
             {
-                protocol.ENV_ETCD_ENDPOINTS: ",".join(self.etcd_endpoints),
-                protocol.ENV_ETCD_PREFIX: self.etcd_prefix,
+                protocol.ENV_ETCD_ENDPOINTS: ",".join(settings.etcd_endpoints),
+                protocol.ENV_ETCD_PREFIX: settings.etcd_prefix,
                 protocol.ENV_OBJECT_STORE_URL: self.access.store_url(record.kernel_id)
                 if self.object_broker is None
                 else f"{BROKER_PROTOCOL}://{record.kernel_id}",
                 protocol.ENV_KEY: router.signer.session.key.decode(),
                 protocol.ENV_SIGNATURE_SCHEME: router.signer.session.signature_scheme,
                 protocol.ENV_IP: "127.0.0.1",
-                "NOTEBOOKOS_STATE_DIR": self.state_dir,
-                protocol.ENV_LEASE_TTL: str(self.replica_lease_ttl),
+                "NOTEBOOKOS_STATE_DIR": settings.state_dir,
+                protocol.ENV_LEASE_TTL: str(settings.replica_lease_ttl),
                 protocol.ENV_GPU_DEVICES: json.dumps(
                     [{"index": d.index, "uuid": d.uuid, "simulated": d.simulated} for d in self.hosts[host].devices]
                 ),
                 "KERNEL_GPUS": str(record.gpus),
             }
         )
-        if self.gpu_sticky:
+        if settings.gpu_sticky:
             env[protocol.ENV_GPU_STICKY] = "1"
         if self.object_broker is not None:
-            env[protocol.ENV_OBJECT_BROKER_URL] = self.object_broker_url
+            env[protocol.ENV_OBJECT_BROKER_URL] = settings.object_broker_url
         return env
 
     def _launch_failure(self, record: KernelRecord, missing: set[str], timeout: float) -> str:
@@ -458,23 +503,24 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
         host = HostRecord(name, host_devices(name, gpus, real=[]))
         self.hosts[name] = host
         self.events.record("host", "added", f"host {name} joined with {gpus} GPU(s)", host=name, gpus=gpus)
-        self._log_decision(
+        log_decision(
+            self.log,
             self.scheduler.add_host(
                 HostSpec(name, gpus, tuple(d.index for d in host.devices), simulated), now=self.now()
-            )
+            ),
         )
         if self.coordinator is not None:
             await self.coordinator.put(
                 self.coordinator.keys.host(name), json.dumps({"name": name, "gpus": gpus, "simulated": simulated})
             )
         self.dispatch()
-        self._place_missing()
+        self.replacer.place_missing()
 
     async def remove_host(self, name: str) -> None:
         """A host leaves the cluster: drained and empty (scale-in), or lost (a node gone). Replicas that were
         still on it are lost; their replacements, placed by the scheduler, are started elsewhere."""
         decision = self.scheduler.remove_host(name, now=self.now())
-        self._log_decision(decision)
+        log_decision(self.log, decision)
         self.hosts.pop(name, None)
         self.events.record("host", "removed", f"host {name} left: {decision}", host=name)
         for lost in getattr(decision, "lost", ()):
@@ -484,9 +530,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
             rid = str(lost.replica.replica_id)
             record.replicas.retire(rid)  # the scheduler already knows; its end is not a second loss
             placed = lost.replacement if isinstance(lost.replacement, Placement) else None
-            task = asyncio.ensure_future(self._replace(record, record.replicas.release(rid), placed))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.replacer.replace(record, record.replicas.release(rid), placed)
         self.dispatch()
         if self.coordinator is not None:
             with contextlib.suppress(CoordinationError):
@@ -505,7 +549,7 @@ class GatewayPlatform(CellPlanning, PlatformViews, Reattachment, ReplicaReplacem
             raise MigrationRequestError(404, f"no host {target!r} (hosts: {', '.join(sorted(self.hosts))})")
         plan = self.scheduler.request_migration(kernel_id, sid, now=self.now(), target=target)
         if isinstance(plan, MigrationRefused):
-            self._log_decision(plan)
+            log_decision(self.log, plan)
             raise MigrationRequestError(409, f"migration refused: {plan.reason}")
         began = time.monotonic()
         outcome = await self.migrations.run(plan)

@@ -3,7 +3,7 @@
 Gauges say how the cluster is now; operators also ask what happened: which replica moved where and why, when
 the autoscaler added or drained hosts. The platform keeps the last events in memory (a bounded ring, numbered
 in order) and serves them at ``GET /api/notebookos/events?since=N``; the dashboard polls for the new ones.
-Counters of the same events are in :mod:`jupyter_notebookos.gateway.metrics` (they survive the ring).
+Counters of the same events are in :mod:`jupyter_notebookos.gateway.control.platformmetrics` (they survive the ring).
 """
 
 from __future__ import annotations

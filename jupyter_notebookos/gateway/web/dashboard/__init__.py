@@ -17,7 +17,7 @@ from enterprise_gateway.mixins import JSONErrorsMixin
 from jupyter_server.base.handlers import JupyterHandler
 from tornado import web
 
-from jupyter_notebookos.gateway.ownership import IdentifiedHandlerMixin
+from jupyter_notebookos.gateway.web.authorization import IdentifiedHandlerMixin
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 ADMIN_ONLY = "the NotebookOS dashboard is for the gateway's admin: open it with the admin token"

@@ -9,7 +9,7 @@ import pytest
 from dateutil.parser import parse as dateutil_parse
 from jupyter_client.session import Session
 
-from jupyter_notebookos.gateway import dates
+from jupyter_notebookos.gateway.web import dates
 
 FORMS = [
     f"2026-12-05T09:30:07{fraction}{offset}"

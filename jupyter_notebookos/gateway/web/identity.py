@@ -14,7 +14,7 @@ Clients send the token as ``Authorization: token X`` (EG's clients, jupyter_serv
 ``Authorization: Bearer X`` (Prometheus, most HTTP tools) or ``?token=X`` (browsers' websockets). With no token
 configured at all, the gateway is open as EG is (everyone is the admin), and says so when it starts.
 
-:mod:`jupyter_notebookos.gateway.ownership` applies the identity to EG's handlers and ours.
+:mod:`jupyter_notebookos.gateway.web.authorization` applies the identity to EG's handlers and ours.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The autoscaler loop: every ``interval`` seconds, ask the scheduler for a scaling decision and carry it out.
 
 Scale-out asks the host provisioner for hosts (they join the scheduler when ready); scale-in drains idle hosts
-by migration first (the scheduler plans the moves, :class:`~jupyter_notebookos.gateway.migration.MigrationRunner`
+by migration first (the scheduler plans the moves, :class:`~jupyter_notebookos.gateway.control.migrator.MigrationRunner`
 runs them) and gives them back only once empty. Each round that does something logs its decision as one line.
 """
 
@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from jupyter_notebookos.gateway.migration import MigrationRunner, SchedulingHost
+from jupyter_notebookos.gateway.control.migrator import MigrationRunner, SchedulingHost
 from jupyter_notebookos.launchers.provisioning import HostProvisioner
 from jupyter_notebookos.scheduler import MigrationPlan, ScalingDecision
 

@@ -4,13 +4,13 @@
 kernelspecs keep working), and we add
 
 - user identities and kernel ownership on every handler, EG's and ours
-  (:mod:`jupyter_notebookos.gateway.identity`, :mod:`jupyter_notebookos.gateway.ownership`),
+  (:mod:`jupyter_notebookos.gateway.web.identity`, :mod:`jupyter_notebookos.gateway.web.authorization`),
 - ``/api/notebookos/*`` and ``/metrics``,
 - a kernel-channels websocket handler that sets TCP_NODELAY and survives JupyterLab's reconnects
-  (:mod:`jupyter_notebookos.gateway.websocket`),
+  (:mod:`jupyter_notebookos.gateway.web.websocket`),
 - message timestamps read with ``datetime.fromisoformat`` instead of dateutil
-  (:mod:`jupyter_notebookos.gateway.dates`: about 1 ms of every cell, plain kernels too),
-- the platform (:class:`~jupyter_notebookos.gateway.platform.GatewayPlatform`): the cluster model, etcd,
+  (:mod:`jupyter_notebookos.gateway.web.dates`: about 1 ms of every cell, plain kernels too),
+- the platform (:class:`~jupyter_notebookos.gateway.control.gatewayplatform.GatewayPlatform`): the cluster model, etcd,
   the launcher and the replica routers of NotebookOS kernels.
 
 Every knob is a traitlet, so ``c.NotebookOSGatewayApp.x`` in ``etc/jupyter/notebookos_config.py`` and
@@ -32,22 +32,23 @@ from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, def
 
 from jupyter_notebookos.coordination.client import Coordinator, EtcdCredentials, EtcdTls
 from jupyter_notebookos.embedded import ports
-from jupyter_notebookos.gateway import dates
-from jupyter_notebookos.gateway.defrag import EtcdMaintenance
-from jupyter_notebookos.gateway.handlers import notebookos_handlers
-from jupyter_notebookos.gateway.identity import Identities, IdentityConfig, IdentityConfigError
-from jupyter_notebookos.gateway.objectbroker import broker_handlers
-from jupyter_notebookos.gateway.ownership import with_identity
-from jupyter_notebookos.gateway.platform import GatewayPlatform
-from jupyter_notebookos.gateway.reconcile import DEFAULT_RECONCILE_INTERVAL
-from jupyter_notebookos.gateway.rejoin import DEFAULT_REJOIN_GRACE
+from jupyter_notebookos.gateway.control.gatewayplatform import GatewayPlatform
+from jupyter_notebookos.gateway.control.objectbroker import broker_handlers
+from jupyter_notebookos.gateway.control.platformsettings import PlatformSettings
+from jupyter_notebookos.gateway.control.rejoin import DEFAULT_REJOIN_GRACE
+from jupyter_notebookos.gateway.upkeep.defrag import EtcdMaintenance
+from jupyter_notebookos.gateway.upkeep.reconcile import DEFAULT_RECONCILE_INTERVAL
+from jupyter_notebookos.gateway.web import dates
+from jupyter_notebookos.gateway.web.authorization import with_identity
+from jupyter_notebookos.gateway.web.handlers import notebookos_handlers
+from jupyter_notebookos.gateway.web.identity import Identities, IdentityConfig, IdentityConfigError
 from jupyter_notebookos.launchers.local import LocalLauncher
 from jupyter_notebookos.launchers.provisioning import SimulatedHostProvisioner
 from jupyter_notebookos.replication import protocol
 from jupyter_notebookos.scheduler import Scheduler
 
 try:  # the stale-session fix and TCP_NODELAY (see that module's docstring)
-    from jupyter_notebookos.gateway.websocket import handler_overrides
+    from jupyter_notebookos.gateway.web.websocket import handler_overrides
 except ImportError:  # pragma: no cover - only while the module is being written
 
     def handler_overrides() -> list[tuple[str, type]]:
@@ -362,38 +363,44 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
             self._init_kubernetes(scheduler)
             return
         self.platform = GatewayPlatform(
-            etcd_endpoints=self.etcd_endpoints,
-            etcd_prefix=self.etcd_prefix,
-            etcd_timeout=float(self.etcd_timeout),
-            simulated_hosts=self.simulated_hosts,
-            gpus_per_host=self.gpus_per_host,
-            state_dir=self.state_dir,
-            object_store_url=self.object_store_url,
+            self._platform_settings(simulated_hosts=self.simulated_hosts),
             scheduler=scheduler,
             launcher=LocalLauncher(parent=self, log_dir=os.path.join(self.state_dir, "replicas")),
             provisioner=SimulatedHostProvisioner(parent=self, existing=self.simulated_hosts, **sized),
-            autoscale_interval=self.autoscale_interval if self.autoscale else 0.0,
             log=self.log,
         )
-        self.platform.etcd_tls = self.etcd_tls()
-        self.platform.rejoin_grace = self.replica_rejoin_grace
-        self.platform.reconcile_interval = self.ledger_reconcile_interval
-        self.platform.gpu_sticky = self.gpu_sticky
-        self.platform.inherited_envs = frozenset(name for name in self.inherited_envs if name)
-        self._configure_object_broker()
 
-    def _configure_object_broker(self) -> None:
-        """How replicas reach the object store, where they find the broker and how long its URLs hold."""
-        if not 60 <= self.object_url_expires <= 43200:
-            raise ValueError(f"object_url_expires={self.object_url_expires}: give 60 to 43200 seconds")
-        self.platform.object_broker_url = self.object_broker_url
-        self.platform.object_store_access = self.object_store_access
-        self.platform.object_url_expires = self.object_url_expires
+    def _platform_settings(self, *, simulated_hosts: int) -> PlatformSettings:
+        """The platform's configuration, from this app's traitlets; one it cannot be built from ends the gateway
+        with the reason (an etcd admin password missing, an object URL lifetime out of range)."""
+        try:
+            return PlatformSettings(
+                etcd_endpoints=list(self.etcd_endpoints),
+                etcd_prefix=self.etcd_prefix,
+                etcd_timeout=float(self.etcd_timeout),
+                etcd_tls=self.etcd_tls(),
+                etcd_credentials=self.etcd_credentials(),
+                state_dir=self.state_dir,
+                object_store_url=self.object_store_url,
+                simulated_hosts=simulated_hosts,
+                gpus_per_host=self.gpus_per_host,
+                autoscale_interval=self.autoscale_interval if self.autoscale else 0.0,
+                rejoin_grace=self.replica_rejoin_grace,
+                reconcile_interval=self.ledger_reconcile_interval,
+                gpu_sticky=self.gpu_sticky,
+                inherited_envs=frozenset(name for name in self.inherited_envs if name),
+                object_store_access=self.object_store_access,
+                object_broker_url=self.object_broker_url,
+                object_url_expires=self.object_url_expires,
+            )
+        except (TraitError, ValueError) as err:
+            self.log.critical("NotebookOS could not start: %s", err)
+            sys.exit(1)
 
     def _init_kubernetes(self, scheduler: Scheduler) -> None:
         """Replica pods, GPU nodes as hosts, placeholder pods for scaling (the helm chart's deployment)."""
         # Imported here: only this mode needs the kubernetes client.
-        from jupyter_notebookos.gateway.nodes import NodeHosts
+        from jupyter_notebookos.gateway.control.nodehosts import NodeHosts
         from jupyter_notebookos.launchers.kubernetes import (
             KubernetesLauncher,
             NodeInventory,
@@ -405,31 +412,17 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         inventory = NodeInventory(parent=self)
         placeholders = PlaceholderProvisioner(PlaceholderPool(parent=self), inventory, parent=self)
         self.platform = GatewayPlatform(
-            etcd_endpoints=self.etcd_endpoints,
-            etcd_prefix=self.etcd_prefix,
-            etcd_timeout=float(self.etcd_timeout),
-            simulated_hosts=0,  # hosts are the GPU nodes, added by NodeHosts
-            gpus_per_host=self.gpus_per_host,
-            state_dir=self.state_dir,
-            object_store_url=self.object_store_url,
+            self._platform_settings(simulated_hosts=0),  # hosts are the GPU nodes, added by NodeHosts
             scheduler=scheduler,
             launcher=launcher,
             provisioner=placeholders,
-            autoscale_interval=self.autoscale_interval if self.autoscale else 0.0,
             log=self.log,
         )
-        self.platform.etcd_tls = self.etcd_tls()
-        self.platform.rejoin_grace = self.replica_rejoin_grace
-        self.platform.reconcile_interval = self.ledger_reconcile_interval
-        self.platform.gpu_sticky = self.gpu_sticky
-        self.platform.inherited_envs = frozenset(name for name in self.inherited_envs if name)
-        self._configure_object_broker()
         self.node_hosts = NodeHosts(self.platform, inventory, placeholders)
 
     async def start_platform(self) -> None:
         """Kubernetes: check the placeholder PriorityClass and make the GPU nodes hosts (before re-attaching
         replicas, which needs their hosts); then connect to etcd and start the platform."""
-        self.platform.etcd_credentials = self.etcd_credentials()
         if self.node_hosts is not None:
             if self.platform.autoscaler is not None and self.node_hosts.provisioner is not None:
                 await self.node_hosts.provisioner.pool.check_priority_class()
@@ -446,8 +439,8 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
             [url],
             timeout=float(self.etcd_timeout),
             prefix=self.etcd_prefix,
-            tls=self.platform.etcd_tls,
-            credentials=self.platform.etcd_credentials,
+            tls=self.platform.settings.etcd_tls,
+            credentials=self.platform.settings.etcd_credentials,
         )
 
     async def stop_platform(self) -> None:

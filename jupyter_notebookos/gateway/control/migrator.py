@@ -19,16 +19,16 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from jupyter_notebookos.gateway.events import EventLog
-from jupyter_notebookos.gateway.metrics import PlatformMetrics
-from jupyter_notebookos.gateway.router.cells import RouterSettings
+from jupyter_notebookos.gateway.control.events import EventLog
+from jupyter_notebookos.gateway.control.platformmetrics import PlatformMetrics
 from jupyter_notebookos.launchers.base import Launcher, LaunchError, ReplicaHandle
 from jupyter_notebookos.scheduler import MigrationCompleted, MigrationFailed, MigrationPlan, Scheduler
 
 if TYPE_CHECKING:
-    from jupyter_notebookos.gateway.records import KernelRecord
+    from jupyter_notebookos.gateway.control.records import KernelRecord
 
 
 class SchedulingHost(Protocol):
@@ -57,13 +57,10 @@ class MigrationHost(SchedulingHost, Protocol):
     """What a migration needs of the gateway platform (which implements it)."""
 
     @property
-    def kernels(self) -> dict[str, KernelRecord]: ...
+    def kernels(self) -> Mapping[str, KernelRecord]: ...
 
     @property
     def launcher(self) -> Launcher: ...
-
-    @property
-    def router_settings(self) -> RouterSettings: ...
 
     async def start_replica_process(self, record: KernelRecord, replica_id: str, host: str) -> None:
         """Start replica process ``replica_id`` of the kernel on ``host``."""
@@ -74,10 +71,12 @@ class MigrationError(RuntimeError):
 
 
 class MigrationRunner:
-    """Runs migrations for the platform and keeps track of those in flight."""
+    """Runs migrations for the platform and keeps track of those in flight; a new replica may take
+    ``launch_timeout`` seconds to register, and as long again to catch up with the state log."""
 
-    def __init__(self, platform: MigrationHost) -> None:
+    def __init__(self, platform: MigrationHost, *, launch_timeout: float) -> None:
         self.platform = platform
+        self.launch_timeout = launch_timeout
         self.in_flight: dict[int, dict[str, object]] = {}
         self._retiring: set[asyncio.Task[None]] = set()
 
@@ -155,7 +154,7 @@ class MigrationRunner:
         state."""
         platform = self.platform
         router = record.router
-        timeout = platform.router_settings.launch_timeout
+        timeout = self.launch_timeout
         new_rid = str(plan.new_replica_id)
         try:
             await platform.start_replica_process(record, new_rid, plan.target)

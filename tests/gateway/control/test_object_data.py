@@ -23,7 +23,7 @@ import requests
 from tornado import web
 from tornado.httpserver import HTTPServer
 
-from jupyter_notebookos.gateway.objectbroker import LocalObjectBroker, broker_handlers
+from jupyter_notebookos.gateway.control.objectbroker import LocalObjectBroker, broker_handlers
 
 KERNEL = "k-1"
 

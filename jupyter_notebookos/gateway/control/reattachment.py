@@ -9,29 +9,58 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from jupyter_notebookos.coordination.client import Coordinator
 from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.coordination.quarantine import quarantine
-from jupyter_notebookos.gateway.platformstate import PlatformState
-from jupyter_notebookos.gateway.reconcile import entry_cell
-from jupyter_notebookos.gateway.records import KernelRecord
-from jupyter_notebookos.gateway.sessions import parse_session
-from jupyter_notebookos.launchers.base import LaunchError, ReplicaHandle
+from jupyter_notebookos.gateway.control.access import KernelAccessManager
+from jupyter_notebookos.gateway.control.decisionlog import log, log_decision, now
+from jupyter_notebookos.gateway.control.records import KernelRecord
+from jupyter_notebookos.gateway.control.sessions import parse_session
+from jupyter_notebookos.gateway.router import ReplicaRouter
+from jupyter_notebookos.gateway.upkeep.reconcile import entry_cell
+from jupyter_notebookos.launchers.base import Launcher, LaunchError, ReplicaHandle
 from jupyter_notebookos.replication.protocol import MalformedRecord, ReplicaRegistration
-from jupyter_notebookos.scheduler import KernelSpec, ReplicaSlot, RunningCellSpec
+from jupyter_notebookos.scheduler import KernelSpec, ReplicaSlot, RunningCellSpec, Scheduler
+
+#: Makes a kernel's router: (kernel id, ip, ports, key, signature scheme, GPUs per cell).
+NewRouter = Callable[[str, str, dict[str, int], bytes, str, int], ReplicaRouter]
 
 
-class Reattachment(PlatformState):
-    """The platform's part that adopts a previous gateway's kernels at start."""
+class Reattacher:
+    """Reads what a previous gateway left in etcd and hands each kernel with live replicas to ``attach`` (the
+    platform records it, binds its router at the kernel's ports and starts it); the scheduler learns what runs
+    where. ``new_router`` makes a kernel's router."""
 
-    async def _reattach(self) -> list[dict[str, Any]]:
+    def __init__(
+        self,
+        *,
+        coordinator: Coordinator,
+        launcher: Launcher,
+        scheduler: Scheduler,
+        access: KernelAccessManager,
+        new_router: NewRouter,
+        attach: Callable[[KernelRecord], Awaitable[None]],
+        logger: logging.Logger | Any = log,
+    ) -> None:
+        self.coordinator = coordinator
+        self.launcher = launcher
+        self.scheduler = scheduler
+        self.access = access
+        self._new_router = new_router
+        self._attach = attach
+        self.log = logger
+
+    async def reattach(self) -> list[dict[str, Any]]:
         """Re-attach to the kernels a previous gateway left running (their replicas are detached processes).
 
         Returns their session records, for EG's kernel manager to adopt. Kernels none of whose replicas is
         registered any more are cleaned up instead.
         """
-        assert self.coordinator is not None
         keys = self.coordinator.keys
         sessions = [
             kv for kv in await self.coordinator.get_prefix(keys.kernels_prefix()) if keys.is_kernel_record(kv.key)
@@ -71,28 +100,33 @@ class Reattachment(PlatformState):
     async def _adopt(
         self, session: dict[str, Any], registrations: list[ReplicaRegistration], handles: dict[str, ReplicaHandle]
     ) -> None:
-        assert self.coordinator is not None and self.ledger is not None
         kernel_id, gpus = session["kernel_id"], int(session["gpus"])
         running = await self._running_cell(kernel_id)
         decision = self.scheduler.adopt(
             [KernelSpec(kernel_id, gpus)],
             [ReplicaSlot(kernel_id, int(r.replica_id), r.host) for r in registrations],
             running,
-            now=self.now(),
+            now=now(),
         )
-        self._log_decision(decision)
+        log_decision(self.log, decision)
         router = self._new_router(
             kernel_id, session["ip"], session["ports"], session["key"].encode(), session["signature_scheme"], gpus
         )
-        record = KernelRecord(kernel_id, session["kernel_name"], gpus, router, dict(session.get("env") or {}))
-        record.config = dict(session.get("config") or {})
         timeout = session.get("launch_timeout")  # absent in records of older gateways: the defaults
-        record.launch_timeout = float(timeout) if isinstance(timeout, int | float) and timeout > 0 else None
-        assert self.access is not None
-        record.access = await self.access.restore(
+        access = await self.access.restore(
             kernel_id, str(session.get("etcd_password") or ""), str(session.get("object_token") or "")
         )
-        record.started_at = float(session.get("started_at", record.started_at))
+        record = KernelRecord(
+            kernel_id,
+            session["kernel_name"],
+            gpus,
+            router,
+            dict(session.get("env") or {}),
+            access=access,
+            config=dict(session.get("config") or {}),
+            launch_timeout=float(timeout) if isinstance(timeout, int | float) and timeout > 0 else None,
+            started_at=float(session.get("started_at", time.time())),
+        )
         for registration in registrations:  # the kernel's replicas as etcd has them (the router reads the rest)
             rid = registration.replica_id
             record.replicas.expect(rid, registration.host)
@@ -101,15 +135,7 @@ class Reattachment(PlatformState):
                 handles.get(rid)
                 or ReplicaHandle(kernel_id, rid, registration.host, pid=registration.pid, pod=registration.pod),
             )
-        self.kernels[kernel_id] = record
-        try:
-            # The ports its clients' kernel manager has (the record's): taken by another process, no kernel here.
-            await router.bind()
-        except LaunchError:
-            del self.kernels[kernel_id]
-            await router.close()
-            raise
-        await router.start(fresh=False)
+        await self._attach(record)
         self.log.info(
             "kernel %s: re-attached to replicas %s",
             kernel_id,
@@ -124,14 +150,13 @@ class Reattachment(PlatformState):
         their records until then). A cell holds the GPUs whose ledger entries still name it: entries of a
         cell that replied may be deleted, and their GPUs taken by another kernel's cell since.
         """
-        assert self.coordinator is not None
         keys = self.coordinator.keys
         latest: tuple[int, RunningCellSpec, str] | None = None
         for c in await self.coordinator.get_prefix(keys.cells_prefix(kernel_id)):
             try:
                 cell = json.loads(c.value)
                 devices = tuple(int(d) for d in cell.get("gpus", ()))
-                spec = RunningCellSpec(kernel_id, str(cell["msg_id"]), int(cell["executor"]), devices, self.now())
+                spec = RunningCellSpec(kernel_id, str(cell["msg_id"]), int(cell["executor"]), devices, now())
                 seq, host = int(cell.get("seq", 0)), str(cell.get("host"))
             except (ValueError, TypeError, KeyError, AttributeError) as err:
                 self.log.error("kernel %s: ignoring a malformed cell record at %s: %r", kernel_id, c.key, err)

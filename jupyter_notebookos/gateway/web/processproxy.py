@@ -17,7 +17,7 @@ from enterprise_gateway.services.processproxies.processproxy import BaseProcessP
 from jupyter_client.connect import ConnectionFileMixin
 from tornado import web
 
-from jupyter_notebookos.gateway.platform import GatewayPlatform, KernelRequestError
+from jupyter_notebookos.gateway.control.gatewayplatform import GatewayPlatform, KernelRequestError
 from jupyter_notebookos.gateway.router import ReplicaRouter
 from jupyter_notebookos.launchers.base import LaunchError, RequestRefused
 
