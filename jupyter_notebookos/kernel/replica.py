@@ -58,11 +58,8 @@ from jupyter_notebookos.replication.protocol import (
     LogRecord,
     stops_on_error,
 )
-from jupyter_notebookos.replication.serialization import (
-    SerializationAborted,
-    UnreplicatedValue,
-    unserializable_warning,
-)
+from jupyter_notebookos.replication.records import unserializable_warning
+from jupyter_notebookos.replication.serialization import SerializationAborted, UnreplicatedValue
 from jupyter_notebookos.replication.state import StateDelta, StateTracker
 from jupyter_notebookos.waiting import wait_event
 

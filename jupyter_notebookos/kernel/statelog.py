@@ -36,7 +36,7 @@ from jupyter_notebookos.replication.chunks import BufferLineage, TrackedBuffer
 from jupyter_notebookos.replication.digest import as_bytes_view, content_digest
 from jupyter_notebookos.replication.objectstore import BufferCorruptError, BufferMissingError, BufferRef, ObjectStore
 from jupyter_notebookos.replication.protocol import CheckpointPointer, LogRecord
-from jupyter_notebookos.replication.serialization import RecordFormatError, StateRecord, encode_values
+from jupyter_notebookos.replication.records import RecordFormatError, StateRecord, encode_values
 from jupyter_notebookos.replication.state import StateDelta
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def serialize_delta(delta: StateDelta | None, threshold: int) -> PendingDelta:
     record = encode_values(
         delta.values,
         namespace=delta.namespace,
-        store=store,  # type: ignore[arg-type]  # duck-typed: only put_buffer is used
+        store=store,
         kind="delta",
         deleted=delta.deleted,
         threshold=threshold,
@@ -299,7 +299,7 @@ def _serialize_part(
     record = encode_values(
         {n: ns[n] for n in names},
         namespace=ns,
-        store=store,  # type: ignore[arg-type]
+        store=store,
         kind="checkpoint",
         threshold=threshold,
         abort=abort,
