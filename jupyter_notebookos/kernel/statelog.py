@@ -4,7 +4,7 @@ Publishing goes in two steps once the cell has replied (DESIGN.md section 2, ste
 
 1. :func:`serialize_delta` pickles the delta with its large buffers out of band. The buffers are *views of the
    live objects* (no copy, no hashing), so this costs one pickling of the small values. It runs once the client
-   has the reply (ReplicaKernel._start_publication): the capture before the reply fingerprinted each value, which
+   has the reply (CellPublisher.publish): the capture before the reply fingerprinted each value, which
    is where we learn which names cannot be serialized, in time to warn in the cell's output.
 2. :meth:`StateLog.finish` then uploads those buffers (content-addressed; a write-tracked buffer
    the other replicas already hold goes as the chunks written since the previous record, see
@@ -12,7 +12,7 @@ Publishing goes in two steps once the cell has replied (DESIGN.md section 2, ste
    the :class:`LogRecord` to publish.
 
 Between the two the namespace must not change: the replica kernel runs nothing else until the record is
-published (``ReplicaKernel._quiesce``).
+published (``CellPublisher.quiesce``).
 
 Checkpoints go the same two steps (:meth:`StateLog.serialize_checkpoint`, :meth:`StateLog.finish_checkpoint`); a
 replacement replica reads one back with :meth:`StateLog.read_checkpoint`, and a replica that becomes the executor
