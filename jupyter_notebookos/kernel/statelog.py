@@ -318,6 +318,7 @@ class CheckpointPart:
 
     @classmethod
     def of(cls, record: StateRecord, ref: BufferRef) -> CheckpointPart:
+        """The part ``record`` is, stored at ``ref``."""
         return cls(frozenset(record.bound) | frozenset(record.unserializable), ref, (ref.key, *record.object_keys))
 
     @classmethod

@@ -164,6 +164,7 @@ class AbortableWriter:
         self.sink = sink
 
     def write(self, data: Any) -> int:
+        """Hand ``data`` to the sink, unless ``abort`` is set."""
         if self.abort is not None and self.abort.is_set():
             raise SerializationAborted()
         self.sink(data)

@@ -198,7 +198,7 @@ def test_checkpoint_plus_later_records_restores_the_executor_namespace(executor,
         "acc = Acc()\nalias = acc.items\nbig = np.arange(2 ** 18, dtype=np.float64)"
     )
     executor.run("acc.add(1)")
-    # As the executor checkpoints (ReplicaKernel._maybe_checkpoint) and a new replica restores (StateLog).
+    # As the executor checkpoints (Checkpointer) and a new replica restores (StateLog).
     statelog = StateLog(store, "r0", lineage=executor.tracker.lineage)
     pending = statelog.serialize_checkpoint(executor.ns, [executor.tracker.user_names()], executor.threshold)
     pointer, _ = statelog.finish_checkpoint(pending, 2)
