@@ -1,7 +1,8 @@
 """State-delta cost per cell: capture (fingerprints) + encode over unchanged numpy state, and a 100 MB delta.
 
 Runs real cells in IPython's InteractiveShell, tracks them with StateTracker and encodes them into records
-with a local object store, as the replica kernel does. Prints a table; not a timed test.
+with a local object store, as the replica kernel does (serialize_delta, then StateLog.finish; "encode" is both).
+Prints a table; not a timed test.
 
     .venv/bin/python benchmarks/state_delta.py [--repeat N]
 """
@@ -16,11 +17,20 @@ import time
 import numpy as np
 from IPython.core.interactiveshell import InteractiveShell
 
+from jupyter_notebookos.kernel.statelog import StateLog, serialize_delta
+from jupyter_notebookos.replication.config import DEFAULT_BUFFER_THRESHOLD
 from jupyter_notebookos.replication.objectstore import ObjectStore
-from jupyter_notebookos.replication.serialization import apply_record, encode_delta
-from jupyter_notebookos.replication.state import StateTracker
+from jupyter_notebookos.replication.protocol import LogRecord
+from jupyter_notebookos.replication.records import apply_record
+from jupyter_notebookos.replication.state import StateDelta, StateTracker
 
 MB = 1024 * 1024
+
+
+def _encode(store: ObjectStore, delta: StateDelta) -> tuple[StateLog, LogRecord]:
+    """What the replica kernel does with a cell's delta once it replied: pickle it, upload its buffers."""
+    statelog = StateLog(store, "bench")
+    return statelog, statelog.finish(serialize_delta(delta, DEFAULT_BUFFER_THRESHOLD), 1, "cell")
 
 
 def _cell(shell: InteractiveShell, tracker: StateTracker, store: ObjectStore, code: str) -> tuple[float, float]:
@@ -29,7 +39,7 @@ def _cell(shell: InteractiveShell, tracker: StateTracker, store: ObjectStore, co
     t0 = time.perf_counter()
     delta = tracker.after_cell()
     t1 = time.perf_counter()
-    encode_delta(delta, store)
+    _encode(store, delta)
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1
 
@@ -68,8 +78,10 @@ def big_delta(shell: InteractiveShell, store: ObjectStore, repeat: int) -> list[
         t0 = time.perf_counter()
         delta = tracker.after_cell()
         t1 = time.perf_counter()
-        record = encode_delta(delta, store)
+        statelog, published = _encode(store, delta)
         t2 = time.perf_counter()
+        record = statelog.load(published)
+        assert record is not None
         data = record.to_bytes()
         target: dict = {}
         t3 = time.perf_counter()

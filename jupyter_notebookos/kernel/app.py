@@ -29,7 +29,6 @@ from traitlets.config import Config
 from jupyter_notebookos.kernel.agent import ReplicaAgent
 from jupyter_notebookos.kernel.replica import ReplicaKernel
 from jupyter_notebookos.kernel.settings import ReplicaSettings
-from jupyter_notebookos.kernel.statelog import StateLog
 from jupyter_notebookos.replication.objectstore import ObjectStore
 from jupyter_notebookos.replication.protocol import ReplicaRegistration
 
@@ -112,12 +111,9 @@ class ReplicaApp(IPKernelApp):
         kernel.attach(
             settings,
             self.agent,
-            StateLog(
-                ObjectStore(settings.object_store_url, storage_options=settings.object_store_options),
-                settings.replica_id,
-            ),
+            ObjectStore(settings.object_store_url, storage_options=settings.object_store_options),
         )
-        self._log_revision = kernel.restore()
+        self._log_revision = kernel.follower.restore()
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def init_iopub(self, context: Any) -> None:
@@ -141,7 +137,7 @@ class ReplicaApp(IPKernelApp):
     def _go_live(self) -> None:
         settings = self.replica_settings
         kernel: ReplicaKernel = self.kernel
-        self.agent.follow(self._log_revision + 1, kernel.on_record)
+        self.agent.follow(self._log_revision + 1, kernel.follower.on_record)
         assert self.agent.lease is not None
         registration = ReplicaRegistration(
             kernel_id=settings.kernel_id,
@@ -155,19 +151,19 @@ class ReplicaApp(IPKernelApp):
             hb_port=self.hb_port,
             pid=os.getpid(),
             lease=self.agent.lease.id,
-            applied_seq=kernel.applied,
+            applied_seq=kernel.follower.applied,
             transport="tcp",
             pod=settings.pod,
             change_detection=kernel.tracker.method,
         )
         self.agent.register(registration)
-        kernel.prepare_baseline()
+        kernel.verifier.prepare_baseline()
         logging.getLogger("jupyter_notebookos.kernel").info(
             "registered %.2f s after the process started: %s:%d (shell), applied seq %d, lease %x",
             time.time() - psutil.Process().create_time(),
             settings.advertise_ip,
             self.shell_port,
-            kernel.applied,
+            kernel.follower.applied,
             self.agent.lease.id,
         )
 

@@ -4,7 +4,7 @@ Publishing goes in two steps once the cell has replied (DESIGN.md section 2, ste
 
 1. :func:`serialize_delta` pickles the delta with its large buffers out of band. The buffers are *views of the
    live objects* (no copy, no hashing), so this costs one pickling of the small values. It runs once the client
-   has the reply (ReplicaKernel._start_publication): the capture before the reply fingerprinted each value, which
+   has the reply (CellPublisher.publish): the capture before the reply fingerprinted each value, which
    is where we learn which names cannot be serialized, in time to warn in the cell's output.
 2. :meth:`StateLog.finish` then uploads those buffers (content-addressed; a write-tracked buffer
    the other replicas already hold goes as the chunks written since the previous record, see
@@ -12,7 +12,7 @@ Publishing goes in two steps once the cell has replied (DESIGN.md section 2, ste
    the :class:`LogRecord` to publish.
 
 Between the two the namespace must not change: the replica kernel runs nothing else until the record is
-published (``ReplicaKernel._quiesce``).
+published (``CellPublisher.quiesce``).
 
 Checkpoints go the same two steps (:meth:`StateLog.serialize_checkpoint`, :meth:`StateLog.finish_checkpoint`); a
 replacement replica reads one back with :meth:`StateLog.read_checkpoint`, and a replica that becomes the executor
@@ -36,7 +36,7 @@ from jupyter_notebookos.replication.chunks import BufferLineage, TrackedBuffer
 from jupyter_notebookos.replication.digest import as_bytes_view, content_digest
 from jupyter_notebookos.replication.objectstore import BufferCorruptError, BufferMissingError, BufferRef, ObjectStore
 from jupyter_notebookos.replication.protocol import CheckpointPointer, LogRecord
-from jupyter_notebookos.replication.serialization import RecordFormatError, StateRecord, encode_values
+from jupyter_notebookos.replication.records import RecordFormatError, StateRecord, encode_values
 from jupyter_notebookos.replication.state import StateDelta
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def serialize_delta(delta: StateDelta | None, threshold: int) -> PendingDelta:
     record = encode_values(
         delta.values,
         namespace=delta.namespace,
-        store=store,  # type: ignore[arg-type]  # duck-typed: only put_buffer is used
+        store=store,
         kind="delta",
         deleted=delta.deleted,
         threshold=threshold,
@@ -299,7 +299,7 @@ def _serialize_part(
     record = encode_values(
         {n: ns[n] for n in names},
         namespace=ns,
-        store=store,  # type: ignore[arg-type]
+        store=store,
         kind="checkpoint",
         threshold=threshold,
         abort=abort,
@@ -318,6 +318,7 @@ class CheckpointPart:
 
     @classmethod
     def of(cls, record: StateRecord, ref: BufferRef) -> CheckpointPart:
+        """The part ``record`` is, stored at ``ref``."""
         return cls(frozenset(record.bound) | frozenset(record.unserializable), ref, (ref.key, *record.object_keys))
 
     @classmethod

@@ -6,7 +6,7 @@ re-sent costs one existence check, not one upload), and namespace checkpoints, a
 they cover. Layout under the store's URL::
 
     buffers/<first two hex digits>/<digest>     one out-of-band buffer
-    checkpoints/<seq, 20 digits>.ckpt           one checkpoint record (see serialization.py)
+    checkpoints/<seq, 20 digits>.ckpt           one checkpoint record (see records.py)
 
 Writes are atomic: on a local filesystem the data goes to a temporary name in the same directory and is then
 renamed; object stores (s3, gcs, ...) make each put atomic themselves. Every read of a buffer checks its size

@@ -1,29 +1,21 @@
-"""State records: a cell's delta (or a whole namespace) as compact bytes, and applying them on a replica.
+"""Pickling a namespace's values for the state log: the pickler, its reducers, and loading what it wrote.
 
-A record is ``b"NBS1"``, a 4-byte little-endian header length, a JSON header and one pickle::
-
-    header  {"k": "delta" | "checkpoint",
-             "b": [bound names, in payload order], "d": [deleted names],
-             "x": [[size, digest], ...]   out-of-band buffers, in the order the pickle consumes them; a
-                                          write-tracked one is [size, digest, lineage] (whole) or
-                                          [size, {"l": lineage, "c": [[offset, digest, size], ...]}]
-                                          (the chunks that changed: chunks.py); in a checkpoint
-                                          also "w": digest (the lineage's base, patched by "c")
-             "u": {name: reason}}         names whose value could not be serialized
-    payload cloudpickle (protocol 5) of the list of bound values, ALL IN ONE PICKLE
-
-One pickle for all values is what keeps aliases aliases: ``a = b = []`` pickles the list once and both names
-get the same object back. Which names must travel together is the delta's business (state.py includes every
-name that shares an object with a changed one). Buffers of at least ``threshold`` bytes (numpy arrays and
-other protocol-5 buffers) leave the pickle through ``buffer_callback`` and go to the object store, addressed
-by content digest; the header keeps only their size and digest, so the record stays small enough for etcd.
-The header is readable without unpickling, which is what garbage collection and the log use.
+This is the pickle half of a state record (the record format itself, its header and encode/apply, is
+``records.py``). All the values of one record are pickled together, by :func:`pickle_values`, so that aliases stay
+aliases: ``a = b = []`` pickles the list once and both names get the same object back. Buffers of at least a
+threshold (numpy arrays, torch storages and other protocol-5 buffers) leave the pickle through ``buffer_callback``,
+as views of the user's objects; the record format puts them in the object store.
 
 Functions defined in the notebook (``__globals__`` is the user namespace) are pickled by value (code,
 closure, defaults, attributes) but *without* the globals they read: on the replica they get the replica's
 own namespace as ``__globals__``, so they see later rebinding of globals exactly as on the executor. Classes
 defined in the notebook go by value through cloudpickle, whose class tracking makes instances sent in later
 cells instances of the very class object the replica already has.
+
+This module's path is part of the record format: a pickle names the functions that rebuild its values
+(``_make_notebook_function``, ``_rebuild_numpy_view``, ``_rebuild_torch_tensor``, :class:`UnreplicatedValue`...) by
+module and name, so they stay here, where the records and checkpoints already in the log and the object store (and
+replicas of other versions) look them up.
 """
 
 from __future__ import annotations
@@ -33,46 +25,28 @@ import contextlib
 import contextvars
 import importlib
 import io
-import json
 import logging
 import pickle
-import re
-import struct
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import cloudpickle
 
 from jupyter_notebookos.gpu.binding import host_copy
-from jupyter_notebookos.replication.chunks import BufferLineage, TrackedBuffer, torch_storage_bytes
-from jupyter_notebookos.replication.config import DEFAULT_BUFFER_THRESHOLD
+from jupyter_notebookos.replication.chunks import torch_storage_bytes
 from jupyter_notebookos.replication.digest import device_checksum
-from jupyter_notebookos.replication.objectstore import BufferRef, ObjectStore
-
-if TYPE_CHECKING:
-    from jupyter_notebookos.replication.state import StateDelta
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"NBS1"
-#: A record that names parts (a checkpoint in parts): a NotebookOS that predates parts refuses it as "written by a
-#: newer version" instead of reading it as a record that binds nothing.
-PARTS_MAGIC = b"NBS2"
-_HEADER_LEN = struct.Struct("<I")
 PROTOCOL = 5
 
 # The namespace that functions and namespace references resolve to while a record is being loaded.
 _LOAD_NAMESPACE: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "notebookos_load_namespace", default=None
 )
-
-
-class RecordFormatError(ValueError):
-    """Bytes that are not a state record of a format this version understands."""
 
 
 class UnreplicatedValueError(AttributeError):
@@ -190,6 +164,7 @@ class AbortableWriter:
         self.sink = sink
 
     def write(self, data: Any) -> int:
+        """Hand ``data`` to the sink, unless ``abort`` is set."""
         if self.abort is not None and self.abort.is_set():
             raise SerializationAborted()
         self.sink(data)
@@ -556,7 +531,8 @@ def _cell_value(cell: types.CellType) -> Any:
         return EMPTY_CELL
 
 
-def _reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
+    """``exc`` in one line: its type, and the first line of its message."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -568,157 +544,16 @@ def unpicklable_reason(value: Any, namespace: Mapping[str, Any]) -> str | None:
             _NamespaceRef() if value is namespace else value
         )
     except Exception as exc:
-        return _reason(exc)
+        return failure_reason(exc)
     return None
 
 
-# -- records ---------------------------------------------------------------------------------------------
-
-
-def unserializable_warning(reasons: Mapping[str, str]) -> str | None:
-    """The one user-facing warning about the names in ``reasons`` (name -> why it could not be serialized), or
-    None when there are none."""
-    if not reasons:
-        return None
-    names = sorted(reasons)
-    detail = "; ".join(f"{n}: {reasons[n]}" for n in names)
-    return (
-        f"NotebookOS: {len(names)} variable(s) could not be serialized and will not survive a failover "
-        f"or migration of this kernel: {', '.join(names)}. The cell itself succeeded. ({detail})"
-    )
-
-
-@dataclass(frozen=True)
-class StateRecord:
-    """One entry of the state log (``kind="delta"``) or a checkpoint (``kind="checkpoint"``).
-
-    ``bound`` names get the payload's values, in order; ``deleted`` names are removed; ``unserializable``
-    maps names whose value could not be serialized to the reason (a replica binds an
-    :class:`UnreplicatedValue` there); ``buffers`` point at the out-of-band buffers in the object store
-    (whole, or as the changed chunks of a buffer the replicas hold: :class:`chunks.TrackedBuffer`).
-
-    A checkpoint may come in ``parts``: objects in the store that each hold a record (``kind="part"``) of some
-    of its names, so that the next checkpoint can name again the parts whose names no record changed since,
-    instead of pickling them again (see ``kernel/statelog.py``). Its ``contents`` say, for each part in order,
-    the names it holds and the digests of the objects it needs besides itself: a replica that did not write the
-    checkpoint learns from them which parts it may name again without reading the parts (empty in a checkpoint
-    of an older NotebookOS, which an older NotebookOS reads as before: it ignores the header entry).
-    """
-
-    kind: str
-    bound: tuple[str, ...] = ()
-    deleted: tuple[str, ...] = ()
-    buffers: tuple[BufferRef | TrackedBuffer, ...] = ()
-    unserializable: Mapping[str, str] = field(default_factory=dict)
-    payload: bytes = b""
-    parts: tuple[BufferRef, ...] = ()
-    contents: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.contents and len(self.contents) != len(self.parts):
-            raise RecordFormatError(
-                f"state record header is damaged: {len(self.contents)} part contents for {len(self.parts)} parts"
-            )
-
-    @property
-    def object_keys(self) -> list[str]:
-        """The object-store keys this record needs (what garbage collection must keep)."""
-        return [ref.key for ref in self.stored_refs]
-
-    @property
-    def stored_refs(self) -> list[BufferRef]:
-        """Every object this record itself names in the store (whole buffers, chunks and parts; what a part
-        names is in the part's own record)."""
-        refs = [r for entry in self.buffers for r in (entry.refs if isinstance(entry, TrackedBuffer) else [entry])]
-        return refs + list(self.parts)
-
-    @property
-    def buffer_bytes(self) -> int:
-        """Bytes of state this record keeps in the object store (for a patch, its chunks only)."""
-        return sum(ref.size for ref in self.stored_refs)
-
-    def warning(self) -> str | None:
-        """The one user-facing warning about unserializable names, or None when every value replicated."""
-        return unserializable_warning(self.unserializable)
-
-    def to_bytes(self) -> bytes:
-        """The record as compact bytes (what goes into the state log / a checkpoint object)."""
-        header: dict[str, Any] = {"k": self.kind}
-        if self.bound:
-            header["b"] = list(self.bound)
-        if self.deleted:
-            header["d"] = list(self.deleted)
-        if self.buffers:
-            header["x"] = [
-                ref.to_header() if isinstance(ref, TrackedBuffer) else [ref.size, ref.digest] for ref in self.buffers
-            ]
-        if self.unserializable:
-            header["u"] = dict(self.unserializable)
-        if self.parts:
-            header["p"] = [[ref.size, ref.digest] for ref in self.parts]
-        if self.contents:
-            header["m"] = [[list(names), list(digests)] for names, digests in self.contents]
-        head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-        return (PARTS_MAGIC if self.parts else MAGIC) + _HEADER_LEN.pack(len(head)) + head + self.payload
-
-    @classmethod
-    def from_bytes(cls, data: bytes | bytearray | memoryview) -> StateRecord:
-        """Parse a record (header and payload; nothing is unpickled)."""
-        raw = bytes(data)
-        if raw[:4] not in (MAGIC, PARTS_MAGIC) or len(raw) < 8:
-            raise RecordFormatError(
-                "not a NotebookOS state record (bad magic): the log or checkpoint was written by something "
-                "else or a newer version of jupyter_notebookos."
-            )
-        (size,) = _HEADER_LEN.unpack_from(raw, 4)
-        try:
-            header = json.loads(raw[8 : 8 + size])
-        except ValueError as exc:
-            raise RecordFormatError(f"state record header is damaged: {exc}") from exc
-        if (raw[:4] == PARTS_MAGIC) != bool(header.get("p")):
-            raise RecordFormatError("state record header is damaged: its parts do not match its magic")
-        if not isinstance(header.get("m", []), list):
-            raise RecordFormatError("state record header is damaged: its part contents are not a list")
-        return cls(
-            kind=header["k"],
-            bound=tuple(header.get("b", ())),
-            deleted=tuple(header.get("d", ())),
-            buffers=tuple(_buffer_entry(entry) for entry in header.get("x", ())),
-            unserializable=header.get("u", {}),
-            payload=raw[8 + size :],
-            parts=tuple(_part_entry(entry) for entry in header.get("p", ())),
-            contents=tuple(_contents_entry(entry) for entry in header.get("m", ())),
-        )
-
-
-_DIGEST = re.compile(r"^[0-9a-f]{64}$")
-
-
-def _part_entry(entry: Any) -> BufferRef:
-    sized = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int) and entry[0] >= 0
-    if not (sized and isinstance(entry[1], str) and _DIGEST.match(entry[1])):
-        raise RecordFormatError(f"state record header has a damaged part entry: {entry!r}")
-    return BufferRef(ObjectStore.buffer_key(entry[1]), entry[0], entry[1])
-
-
-def _contents_entry(entry: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    if isinstance(entry, list) and len(entry) == 2 and all(isinstance(side, list) for side in entry):
-        names, digests = entry
-        if all(isinstance(n, str) for n in names) and all(isinstance(d, str) and _DIGEST.match(d) for d in digests):
-            return tuple(names), tuple(digests)
-    raise RecordFormatError(f"state record header has a damaged part contents entry: {entry!r}")
-
-
-def _buffer_entry(entry: Any) -> BufferRef | TrackedBuffer:
-    try:
-        return TrackedBuffer.from_header(entry)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise RecordFormatError(f"state record header has a damaged buffer entry: {exc}") from exc
-
-
-def _dump(
+def pickle_values(
     values: list[Any], namespace: Mapping[str, Any], threshold: int, abort: threading.Event | None = None
 ) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """Pickle ``values`` (of ``namespace``) together, in one pickle; returns it and the buffers of at least
+    ``threshold`` bytes, which left it out of band (views of the user's objects). Setting ``abort`` (from another
+    thread) makes it raise :class:`SerializationAborted` soon after."""
     out_of_band: list[pickle.PickleBuffer] = []
 
     def buffer_callback(buf: pickle.PickleBuffer) -> bool:
@@ -745,117 +580,11 @@ def _dump(
         # Once more, knowing them (rare: a view whose array is not a name's value).
 
 
-def encode_values(
-    values: Mapping[str, Any],
-    *,
-    namespace: Mapping[str, Any],
-    store: ObjectStore,
-    kind: str = "delta",
-    deleted: Iterable[str] = (),
-    threshold: int = DEFAULT_BUFFER_THRESHOLD,
-    unserializable: Mapping[str, str] | None = None,
-    lineage: BufferLineage | None = None,
-    abort: threading.Event | None = None,
-) -> StateRecord:
-    """Serialize ``values`` together into a record; large buffers go to ``store``.
-
-    ``namespace`` is the namespace the values live in (for notebook functions). A value that cannot be
-    pickled does not stop the others: it is left out and named in ``StateRecord.unserializable``. With
-    ``lineage``, write-tracked buffers the replicas already hold go as the chunks that changed (chunks.py).
-    Setting ``abort`` (from another thread) makes it raise :class:`SerializationAborted` soon after.
-    """
-    remaining = dict(values)
-    failed: dict[str, str] = dict(unserializable or {})
-    while True:
-        try:
-            payload, buffers = _dump(list(remaining.values()), namespace, threshold, abort)
-            break
-        except SerializationAborted:
-            raise
-        except Exception as exc:
-            culprits = {n: r for n, v in remaining.items() if (r := unpicklable_reason(v, namespace)) is not None}
-            if not culprits:
-                # Every value pickles alone but not together (rare): none can be trusted to replicate.
-                culprits = dict.fromkeys(remaining, _reason(exc))
-            failed.update(culprits)
-            for name in culprits:
-                del remaining[name]
-    refs: tuple[BufferRef | TrackedBuffer, ...]
-    if lineage is None:
-        refs = tuple(store.put_buffer(buf.raw()) for buf in buffers)
-    else:  # a checkpoint has every buffer complete (a lineage's layout); a delta only what changed
-        encode = lineage.encode_whole if kind == "checkpoint" else lineage.encode
-        refs = tuple(encode(buf.raw(), store) for buf in buffers)
-        lineage.commit(refs)
-    return StateRecord(
-        kind=kind,
-        bound=tuple(remaining),
-        deleted=tuple(n for n in deleted if n not in remaining),
-        buffers=refs,
-        unserializable=failed,
-        payload=payload if remaining else b"",
-    )
-
-
-def encode_delta(
-    delta: StateDelta,
-    store: ObjectStore,
-    *,
-    threshold: int = DEFAULT_BUFFER_THRESHOLD,
-    lineage: BufferLineage | None = None,
-) -> StateRecord:
-    """Serialize one cell's :class:`~jupyter_notebookos.replication.state.StateDelta` into a log record.
-
-    Publish ``record.to_bytes()`` to the log; show ``record.warning()`` to the user when it is not None.
-    """
-    return encode_values(
-        delta.values,
-        namespace=delta.namespace,
-        store=store,
-        kind="delta",
-        deleted=delta.deleted,
-        threshold=threshold,
-        unserializable=delta.unpicklable,
-        lineage=lineage,
-    )
-
-
-def load_values(
-    record: StateRecord, store: ObjectStore, namespace: dict[str, Any], lineage: BufferLineage | None = None
-) -> dict[str, Any]:
-    """Unpickle a record's bound values (fetching its buffers); notebook functions get ``namespace``.
-
-    With ``lineage``, patched buffers are applied to this replica's memory of them, in place."""
-    if not record.bound:
-        return {}
-    resolver = lineage if lineage is not None else BufferLineage(None)
-    buffers = [resolver.resolve(ref, store) for ref in record.buffers]
+def unpickle_values(payload: bytes, buffers: list[Any], namespace: dict[str, Any]) -> Any:
+    """Load what :func:`pickle_values` wrote, with its out-of-band ``buffers``; notebook functions (and references
+    to the namespace) get ``namespace``."""
     token = _LOAD_NAMESPACE.set(namespace)
     try:
-        values = pickle.loads(record.payload, buffers=buffers)
+        return pickle.loads(payload, buffers=buffers)
     finally:
         _LOAD_NAMESPACE.reset(token)
-    return dict(zip(record.bound, values, strict=True))
-
-
-def apply_record(
-    record: bytes | bytearray | memoryview | StateRecord,
-    user_ns: dict[str, Any],
-    store: ObjectStore,
-    lineage: BufferLineage | None = None,
-) -> StateRecord:
-    """Apply one record to ``user_ns``: delete its deleted names, bind its bound names.
-
-    Everything is loaded before the namespace is touched, so a failure (a missing buffer, a class that does
-    not import here) leaves ``user_ns`` exactly as it was. Names the executor could not serialize are bound
-    to an :class:`UnreplicatedValue` that explains itself. Returns the parsed record. (A patched buffer is
-    written in place once all its chunks are fetched, before the values are unpickled: see chunks.py.)
-    """
-    rec = record if isinstance(record, StateRecord) else StateRecord.from_bytes(record)
-    values = load_values(rec, store, user_ns, lineage)
-    for name in rec.deleted:
-        user_ns.pop(name, None)
-    user_ns.update(values)
-    for name, reason in rec.unserializable.items():
-        user_ns[name] = UnreplicatedValue(name, reason)
-    return rec

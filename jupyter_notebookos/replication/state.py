@@ -93,6 +93,7 @@ from typing import Any
 from jupyter_notebookos.replication.chunks import BufferLineage
 from jupyter_notebookos.replication.fingerprint import Fingerprint, FingerprintAborted, fingerprint
 from jupyter_notebookos.replication.reach import cell_reach, union
+from jupyter_notebookos.replication.records import apply_record
 from jupyter_notebookos.replication.writetrack import PageWriteTracker, open_write_tracker
 
 log = logging.getLogger(__name__)
@@ -276,7 +277,7 @@ def _ipython_transform(code: str) -> str:
 
 @dataclass
 class StateDelta:
-    """What one cell changed in the user namespace, ready for :func:`serialization.encode_delta`.
+    """What one cell changed in the user namespace, ready for ``kernel.statelog.serialize_delta``.
 
     ``values`` maps every bound name to its value (references, taken right after the cell); ``deleted``
     lists removed names; ``unpicklable`` names values that cannot be serialized (with the reason);
@@ -624,8 +625,6 @@ class StateTracker:
 
     def apply(self, record: Any, store: Any) -> Any:
         """Apply a state record to this tracker's namespace and keep the baseline in step."""
-        from jupyter_notebookos.replication.serialization import apply_record
-
         rec = apply_record(record, self.user_ns, store, self.lineage)
         self.refresh([*rec.bound, *rec.deleted, *rec.unserializable])
         self.lineage.prune()

@@ -925,12 +925,12 @@ def test_sticky_gpu_state_stays_until_an_evict_request_on_the_control_channel(re
 def test_overlapping_quick_gil_handoffs_put_the_switch_interval_back() -> None:
     """A checkpoint and a verification each hand the GIL over quickly while they pickle; when they overlap and end
     in either order, the process's switch interval is what it was before either began."""
-    from jupyter_notebookos.kernel.replica import _quick_gil_handoff
+    from jupyter_notebookos.kernel.loop import quick_gil_handoff
 
     before = sys.getswitchinterval()
     try:
         for order in ((0, 1), (1, 0)):
-            handoffs = [_quick_gil_handoff(), _quick_gil_handoff()]
+            handoffs = [quick_gil_handoff(), quick_gil_handoff()]
             for handoff in handoffs:
                 handoff.__enter__()
                 assert sys.getswitchinterval() == min(before, 0.0005)

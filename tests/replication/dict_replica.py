@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from replication_harness import published
+
+from jupyter_notebookos.kernel.statelog import StateLog
 from jupyter_notebookos.replication.objectstore import ObjectStore
-from jupyter_notebookos.replication.serialization import StateRecord, encode_delta
+from jupyter_notebookos.replication.records import StateRecord
 from jupyter_notebookos.replication.state import StateDelta, StateTracker
 
 MIB = 1 << 20
@@ -19,6 +22,7 @@ class DictReplica:
         self.ns: dict[str, Any] = {"__name__": "__main__"}
         self.store = store
         self.tracker = StateTracker(self.ns, transform=lambda code: code, defer_min_bytes=MIB)
+        self.statelog = StateLog(store, "dict-replica", lineage=self.tracker.lineage)
 
     def step(self, code: str) -> tuple[StateDelta, StateRecord]:
         """Run ``code``; its delta and the record that publishes it."""
@@ -26,7 +30,7 @@ class DictReplica:
         exec(code, self.ns)
         delta = self.tracker.after_cell()
         self.tracker.settle()
-        return delta, encode_delta(delta, self.store, threshold=MIB, lineage=self.tracker.lineage)
+        return delta, published(self.statelog, delta, MIB)
 
     def run(self, code: str) -> StateRecord:
         """Run ``code``; the record that publishes it."""

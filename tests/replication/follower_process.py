@@ -31,7 +31,7 @@ def main() -> None:
 
     from jupyter_notebookos.replication.chunks import BufferLineage
     from jupyter_notebookos.replication.objectstore import ObjectStore
-    from jupyter_notebookos.replication.serialization import apply_record
+    from jupyter_notebookos.replication.records import apply_record
     from jupyter_notebookos.replication.writetrack import open_write_tracker
 
     store = ObjectStore(sys.argv[1])

@@ -14,11 +14,22 @@ from typing import Any
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
+from jupyter_notebookos.kernel.statelog import StateLog, serialize_delta
 from jupyter_notebookos.replication.objectstore import ObjectStore
-from jupyter_notebookos.replication.serialization import StateRecord, encode_delta
+from jupyter_notebookos.replication.protocol import FIRST_SEQ
+from jupyter_notebookos.replication.records import StateRecord
 from jupyter_notebookos.replication.state import StateDelta, StateTracker
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def published(statelog: StateLog, delta: StateDelta, threshold: int) -> StateRecord:
+    """The record a replica kernel publishes for ``delta``, as its followers read it: pickled as after the reply
+    (serialize_delta), uploaded (StateLog.finish: with the statelog's lineage, write-tracked buffers the followers
+    hold go as the chunks that changed) and read back from the log record (StateLog.load)."""
+    pending = serialize_delta(delta, threshold)
+    record = statelog.load(statelog.finish(pending, FIRST_SEQ, "cell"))
+    return pending.record if record is None else record  # (a record that changes nothing carries no payload)
 
 
 class Executor:
@@ -38,6 +49,7 @@ class Executor:
             defer_min_bytes=threshold,
             write_tracking=write_tracking,
         )
+        self.statelog = StateLog(store, "executor", lineage=self.tracker.lineage)
         self.records: list[bytes] = []
         self.deltas: list[StateDelta] = []
         self.encoded: list[StateRecord] = []
@@ -48,7 +60,7 @@ class Executor:
         delta = self.tracker.after_cell()
         if not result.success:
             raise AssertionError(f"cell failed: {code!r}: {result.error_in_exec or result.error_before_exec}")
-        record = encode_delta(delta, self.store, threshold=self.threshold, lineage=self.tracker.lineage)
+        record = published(self.statelog, delta, self.threshold)
         self.deltas.append(delta)
         self.encoded.append(record)
         self.records.append(record.to_bytes())

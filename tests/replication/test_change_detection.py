@@ -11,9 +11,8 @@ import threading
 
 import numpy as np
 import pytest
-from replication_harness import Executor
+from replication_harness import Executor, published
 
-from jupyter_notebookos.replication.serialization import encode_delta
 from jupyter_notebookos.replication.writetrack import METHOD, PageWriteTracker, open_write_tracker
 
 # Above glibc's largest mmap threshold (32 MiB), so each array has pages of its own: a write-tracked array that
@@ -151,7 +150,7 @@ def test_a_write_to_a_new_array_between_the_reply_and_its_upload_is_published(de
     delta = tracker.after_cell()
     detector.ns["fresh"][123] = 7.0  # after the reply, before settle()
     tracker.settle()
-    record = encode_delta(delta, detector.store, threshold=detector.threshold, lineage=tracker.lineage)
+    record = published(detector.statelog, delta, detector.threshold)
     replica.apply(record.to_bytes())
     assert replica.eval("float(fresh[123])") == 7.0
     assert _run(detector, "pass").is_empty()  # the write before settle() is not a change of the next cell

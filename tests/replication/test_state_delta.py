@@ -12,11 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from IPython.core.interactiveshell import InteractiveShell
-from replication_harness import Executor
+from replication_harness import Executor, published
 
+from jupyter_notebookos.kernel.statelog import StateLog
 from jupyter_notebookos.replication import fingerprint as fp
+from jupyter_notebookos.replication.config import DEFAULT_BUFFER_THRESHOLD
 from jupyter_notebookos.replication.objectstore import ObjectStore
-from jupyter_notebookos.replication.serialization import apply_record, encode_delta
+from jupyter_notebookos.replication.records import apply_record
 from jupyter_notebookos.replication.state import StateTracker, cell_bindings
 
 
@@ -157,7 +159,8 @@ def test_a_follower_that_becomes_the_executor_fingerprints_only_what_its_first_c
     delta = follower.after_cell()
     assert set(delta.values) == {"first", "objs"}
     assert follower.last_scanned == 1  # `first`; objs through what the baseline says it shares
-    replica.apply(encode_delta(delta, store, threshold=executor.threshold, lineage=follower.lineage).to_bytes())
+    statelog = StateLog(store, "follower", lineage=follower.lineage)
+    replica.apply(published(statelog, delta, executor.threshold).to_bytes())
     assert replica.eval("objs[0] is first and first == {'a': 0, 'b': 2} and len(objs) == 1000 and other == [1, 2]")
 
     # Stopped before it finished, it keeps nothing (and the first cell takes the baseline itself).
@@ -243,6 +246,7 @@ def test_delta_rule_keeps_a_replica_equal_including_sharing(ops):
         ns.pop(name, None)
     with tempfile.TemporaryDirectory() as tmp:
         store = ObjectStore(f"file://{tmp}")
+        statelog = StateLog(store, "executor")
         tracker = StateTracker(ns, hidden=shell.user_ns_hidden, transform=shell.transform_cell)
         replica: dict = {}
         for template, target, source in [("def grow(o):\n    o.append(0)", "", ""), *ops]:
@@ -255,7 +259,7 @@ def test_delta_rule_keeps_a_replica_equal_including_sharing(ops):
             gone = {n for n in before if n not in ns}
             assert changed <= set(delta.values), code
             assert gone <= set(delta.deleted), code
-            apply_record(encode_delta(delta, store).to_bytes(), replica, store)
+            apply_record(published(statelog, delta, DEFAULT_BUFFER_THRESHOLD).to_bytes(), replica, store)
             present = [n for n in NAMES if n in ns]
             assert {n: ns[n] for n in present} == {n: replica[n] for n in present if n in replica}
             assert [n for n in NAMES if n in replica] == present
@@ -270,6 +274,7 @@ def _take_turns(turns: list, start: dict, setup: str = "def grow(o):\n    o.appe
     alike."""
     with tempfile.TemporaryDirectory() as tmp:
         store = ObjectStore(f"file://{tmp}")
+        statelog = StateLog(store, "executor")
         spaces: dict[str, dict] = {"a": dict(start), "b": dict(start)}
         trackers = {key: StateTracker(ns) for key, ns in spaces.items()}
         for tracker in trackers.values():
@@ -280,7 +285,7 @@ def _take_turns(turns: list, start: dict, setup: str = "def grow(o):\n    o.appe
             trackers[who].before_cell(code)
             with contextlib.suppress(Exception):  # a failing cell (NameError...) still gets its delta
                 exec(code, ns)
-            record = encode_delta(trackers[who].after_cell(), store)
+            record = published(statelog, trackers[who].after_cell(), DEFAULT_BUFFER_THRESHOLD)
             trackers["b" if who == "a" else "a"].apply(record, store)
             present = [n for n in NAMES if n in ns]
             assert [n for n in NAMES if n in other] == present, code

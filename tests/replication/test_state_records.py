@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 
@@ -17,16 +18,15 @@ from jupyter_notebookos.replication.objectstore import (
     ObjectStore,
     ObjectStoreUnreachable,
 )
-from jupyter_notebookos.replication.serialization import (
+from jupyter_notebookos.replication.records import (
     MAGIC,
     PARTS_MAGIC,
     RecordFormatError,
     StateRecord,
-    UnreplicatedValue,
-    UnreplicatedValueError,
     apply_record,
     encode_values,
 )
+from jupyter_notebookos.replication.serialization import UnreplicatedValue, UnreplicatedValueError
 
 
 def test_unpicklable_values_give_one_warning_naming_them_and_the_rest_replicates(executor, replica):
@@ -198,7 +198,7 @@ def test_checkpoint_plus_later_records_restores_the_executor_namespace(executor,
         "acc = Acc()\nalias = acc.items\nbig = np.arange(2 ** 18, dtype=np.float64)"
     )
     executor.run("acc.add(1)")
-    # As the executor checkpoints (ReplicaKernel._maybe_checkpoint) and a new replica restores (StateLog).
+    # As the executor checkpoints (Checkpointer) and a new replica restores (StateLog).
     statelog = StateLog(store, "r0", lineage=executor.tracker.lineage)
     pending = statelog.serialize_checkpoint(executor.ns, [executor.tracker.user_names()], executor.threshold)
     pointer, _ = statelog.finish_checkpoint(pending, 2)
@@ -302,7 +302,6 @@ def test_a_checkpoint_in_one_piece_still_restores(store):
     """As an older NotebookOS wrote them: the whole namespace in the checkpoint object itself."""
     from jupyter_notebookos.replication.digest import content_digest
     from jupyter_notebookos.replication.protocol import CheckpointPointer
-    from jupyter_notebookos.replication.serialization import encode_values
 
     ns = {"x": [1, 2, 3], "big": np.ones(2**18)}
     record = encode_values(ns, namespace=ns, store=store, kind="checkpoint", threshold=2**20)
@@ -378,3 +377,48 @@ def test_a_checkpoint_lists_what_its_parts_hold_for_a_replica_that_did_not_write
         head = json.dumps({**header, "m": damaged}).encode()
         with pytest.raises(RecordFormatError, match="damaged"):
             StateRecord.from_bytes(raw[:4] + struct.pack("<I", len(head)) + head)
+
+
+# A delta record written by NotebookOS before the pickler and the record format were two modules (values: a notebook
+# function reading a global, a closure, a notebook class and an instance, an array and a view of it, the namespace
+# itself, a stand-in for a value that was not replicated, a module loaded with a submodule, an int). Records and
+# checkpoints already in the log and the store, and replicas of other versions, name the functions that rebuild
+# values by their module path.
+_RECORD_BEFORE_THE_SPLIT = base64.b64decode(
+    "TkJTMVYAAAB7ImsiOiJkZWx0YSIsImIiOlsic2NhbGUiLCJzdGVwIiwiUG9pbnQiLCJwIiwiYmFzZSIsInZpZXciLCJnIiwiZ29u"
+    "ZSIsInhtbCIsImZhY3RvciJdfYAFlaAFAAAAAAAAXZQojCxqdXB5dGVyX25vdGVib29rb3MucmVwbGljYXRpb24uc2VyaWFsaXph"
+    "dGlvbpSMF19tYWtlX25vdGVib29rX2Z1bmN0aW9ulJOUjBdjbG91ZHBpY2tsZS5jbG91ZHBpY2tsZZSMDV9idWlsdGluX3R5cGWU"
+    "k5SMCENvZGVUeXBllIWUUpQoSwJLAEsASwJLAksDQxyXAHwAfAF6BQAAdAAAAAAAAAAAAAAAegUAAFMAlE6FlIwGZmFjdG9ylIWU"
+    "jAF4lIwBa5SGlIwOPGR5bmFtaWMtY29kZT6UjAVzY2FsZZSMBXNjYWxllEsDQxCAANgLDIhxiTWVNok+0AQZlEMAlCkpdJRSlGgT"
+    "SwCHlFKUaAGMG19ub3RlYm9va19mdW5jdGlvbl9zZXRzdGF0ZZSTlGgZfZR9lCiMCF9fbmFtZV9flGgTjAxfX3F1YWxuYW1lX1+U"
+    "aBOMD19fYW5ub3RhdGlvbnNfX5R9lIwOX19rd2RlZmF1bHRzX1+UTowMX19kZWZhdWx0c19flEsChZSMCl9fbW9kdWxlX1+UjAhf"
+    "X21haW5fX5SMB19fZG9jX1+UTowOY2xvc3VyZV92YWx1ZXOUXZR1hpSGUjBoA2gJKEsASwBLAEsASwJLE0MSlQGXAIkAZAF6DQAA"
+    "igCJAFMAlE5LAYaUKSmMDjxkeW5hbWljLWNvZGU+lIwEc3RlcJSMFWNvdW50ZXIuPGxvY2Fscz4uc3RlcJRLB0MR+IAA4AgJiFGJ"
+    "BogB2A8QiAiUaBWMAW6UhZQpdJRSlIwEc3RlcJRLAYeUUpRoG2g3fZR9lChoHmg1aB9oL2ggfZRoIk5oI05oJWgmaCdOaChdlEsA"
+    "YXWGlIZSMGgEjBRfbWFrZV9za2VsZXRvbl9jbGFzc5STlCiMCGJ1aWx0aW5zlIwEdHlwZZSTlIwFUG9pbnSUaD+MBm9iamVjdJST"
+    "lIWUfZRoJWgmc4wgYjNiYjZmNGY4N2Q2NDYwMjhjMjYxNDk2MDM3ZTlkZjeUTnSUUpRoBIwPX2NsYXNzX3NldHN0YXRllJOUaEl9"
+    "lCiMB19fZG9jX1+UTowIX19pbml0X1+UaANoCShLAksASwBLAksCSwNDFJcAfAF8AF8AAAAAAAAAAABkAFMAlGgLaA6FlIwEc2Vs"
+    "ZpRoDoaUjA48ZHluYW1pYy1jb2RlPpSMCF9faW5pdF9flIwOUG9pbnQuX19pbml0X1+USw1DDYAA2BESiASMBogGiAaUaBUpKXSU"
+    "UpSMCF9faW5pdF9flEsAh5RSlGgbaFt9lH2UKGgeaFloH2hVaCB9lGgiTmgjTmglaCZoJ05oKF2UdYaUhlIwjApfX21vZHVsZV9f"
+    "lGgmdX2UhpSGUjBoSSmBlH2UaA5LBHNijBNudW1weS5fY29yZS5udW1lcmljlIwLX2Zyb21idWZmZXKUk5QolkAAAAAAAAAAAAAA"
+    "AAAAAAAAAAAAAADwPwAAAAAAAABAAAAAAAAACEAAAAAAAAAQQAAAAAAAABRAAAAAAAAAGEAAAAAAAAAcQJSMBW51bXB5lIwFZHR5"
+    "cGWUk5SMAmY4lImIh5RSlChLA4wBPJROTk5K/////0r/////SwB0lGJLCIWUjAFDlHSUUpRoAYwTX3JlYnVpbGRfbnVtcHlfdmll"
+    "d5STlChodWhvSwOFlEsIhZRLEIh0lFKUaAGMEl9jdXJyZW50X25hbWVzcGFjZZSTlClSlGgBjBFVbnJlcGxpY2F0ZWRWYWx1ZZST"
+    "lIwEZ29uZZSMBmEgbG9ja5SGlFKUaAGMDl9pbXBvcnRfbW9kdWxllJOUjAN4bWyUXZQojAl4bWwuZXRyZWWUjBV4bWwuZXRyZWUu"
+    "RWxlbWVudFBhdGiUjBV4bWwuZXRyZWUuRWxlbWVudFRyZWWUZYaUUpRLA2Uu"
+)
+
+
+def test_a_record_written_before_the_pickler_and_the_record_format_were_split_still_applies(store):
+    ns: dict = {"__name__": "__main__"}
+    record = apply_record(_RECORD_BEFORE_THE_SPLIT, ns, store)
+    assert set(record.bound) == {"scale", "step", "Point", "p", "base", "view", "g", "gone", "xml", "factor"}
+    assert ns["scale"](1) == 6 and ns["scale"].__globals__ is ns  # factor 3, read from this namespace
+    ns["factor"] = 10
+    assert ns["scale"](1) == 20
+    assert (ns["step"](), ns["step"]()) == (1, 2)
+    assert isinstance(ns["p"], ns["Point"]) and ns["p"].x == 4
+    assert ns["view"].tolist() == [2.0, 3.0, 4.0] and np.shares_memory(ns["view"], ns["base"])
+    assert ns["g"] is ns
+    assert ns["gone"] == UnreplicatedValue("gone", "a lock")
+    assert ns["xml"].etree.ElementTree.fromstring("<a/>").tag == "a"

@@ -17,7 +17,7 @@ from dict_replica import DictReplica  # noqa: E402
 
 from jupyter_notebookos.replication.chunks import TrackedBuffer  # noqa: E402
 from jupyter_notebookos.replication.objectstore import ObjectStore  # noqa: E402
-from jupyter_notebookos.replication.serialization import encode_values, load_values  # noqa: E402
+from jupyter_notebookos.replication.records import encode_values, load_values  # noqa: E402
 
 MIB = 1 << 20
 
@@ -92,7 +92,7 @@ def test_in_place_changes_are_detected_without_hashing_and_sent_as_chunks(store:
 LOAD_WITHOUT_GPU = """
 import json, sys, torch
 from jupyter_notebookos.replication.objectstore import ObjectStore
-from jupyter_notebookos.replication.serialization import StateRecord, load_values
+from jupyter_notebookos.replication.records import StateRecord, load_values
 record = StateRecord.from_bytes(open(sys.argv[1], "rb").read())
 v = load_values(record, ObjectStore(sys.argv[2]), {})
 print(json.dumps({
