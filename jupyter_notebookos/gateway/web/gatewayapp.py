@@ -350,10 +350,11 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         dates.install()
         self.init_identities()
         super().init_configurables()
-        scheduler = Scheduler(parent=self)
         # The autoscaler thinks in hosts of the embedded mode's size unless configured otherwise.
+        sized_hosts: dict[str, Any] = {}
         if "gpus_per_host" not in self.config.get("Scheduler", {}):
-            scheduler.gpus_per_host = max(1, self.gpus_per_host)
+            sized_hosts["gpus_per_host"] = max(1, self.gpus_per_host)
+        scheduler = Scheduler(parent=self, **sized_hosts)
         sized = (
             {}
             if "gpus_per_host" in self.config.get("SimulatedHostProvisioner", {})
