@@ -3,7 +3,7 @@
 - :class:`Coordinator` (``client``): kv, prefix reads, transactions, leases, resumable watches,
   with per-call deadlines and one mapping of etcd failures onto :mod:`errors`.
 - :class:`KeyLayout` (``keys``): the key layout of the whole project, documented in one place.
-- ``election``: executor terms and their fencing tokens (the router and the replica agent share it).
+- ``election``: executor terms and their fencing tokens (the router and the replica's log writer share it).
 
 Nothing else in the project imports the etcd client library.
 """

@@ -1,4 +1,4 @@
-"""Executor terms and their fencing, the one implementation the router and the replica agent share.
+"""Executor terms and their fencing, the one implementation the router and the replica's log writer share.
 
 One key per kernel, ``keys.executor(kernel_id)``, names the replica that executes its cells. The router opens a
 *term* by creating that key (bound to the executor's lease) in the transaction that commits a cell's decision

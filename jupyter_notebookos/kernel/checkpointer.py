@@ -18,9 +18,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from jupyter_notebookos.kernel.agent import ReplicaAgent
 from jupyter_notebookos.kernel.follower import LogFollower
 from jupyter_notebookos.kernel.knowncheckpoint import KnownCheckpoint
+from jupyter_notebookos.kernel.logwriter import LogWriter
 from jupyter_notebookos.kernel.loop import KernelLoop, quick_gil_handoff
 from jupyter_notebookos.kernel.publisher import CellPublisher
 from jupyter_notebookos.kernel.settings import ReplicaSettings
@@ -53,15 +53,15 @@ def _log_failure(what: str) -> Any:
 
 class Checkpointer:
     """Checkpoints the namespace (see the module's docstring). What it knows of the kernel's checkpoint is in
-    ``checkpoint``; it waits for the namespace through the ``publisher`` (whose upload gate its upload holds), and
-    checkpoints only what the ``follower`` holds."""
+    ``checkpoint``; it waits for the namespace through the ``publisher`` (whose upload gate its upload holds),
+    checkpoints only what the ``follower`` holds, and commits through the ``writer``."""
 
     def __init__(
         self,
         kernel: KernelLoop,
         *,
         settings: ReplicaSettings,
-        agent: ReplicaAgent,
+        writer: LogWriter,
         statelog: StateLog,
         tracker: StateTracker,
         checkpoint: KnownCheckpoint,
@@ -70,7 +70,7 @@ class Checkpointer:
     ) -> None:
         self._kernel = kernel
         self._settings = settings
-        self._agent = agent
+        self._writer = writer
         self._statelog = statelog
         self._tracker = tracker
         self._checkpoint = checkpoint
@@ -120,8 +120,8 @@ class Checkpointer:
         seq = self._follower.applied
         if seq - self._checkpoint.seq < every or (seq < self._next_check and not again):
             return
-        agent, statelog, fence = self._agent, self._statelog, self._publisher.fence
-        delete, current = await asyncio.wrap_future(agent.thread.submit(agent.checkpoint_due(seq, every)))
+        writer, statelog, fence = self._writer, self._statelog, self._publisher.fence
+        delete, current = await asyncio.wrap_future(writer.thread.submit(writer.checkpoint_due(seq, every)))
         if delete is None:
             # Followers behind: look again a few records later, or in a moment if no cell comes meanwhile.
             self._next_check = seq + max(1, every // 4)
@@ -172,8 +172,8 @@ class Checkpointer:
                 pointer, parts = await loop.run_in_executor(None, statelog.finish_checkpoint, pending, seq, kept)
             finally:
                 uploaded.set_result(None)
-            await agent.flush_held()  # the checkpoint requires the record it covers to be in the log
-            done = await agent.commit_checkpoint(pointer, delete, fence)
+            await writer.flush_held()  # the checkpoint requires the record it covers to be in the log
+            done = await writer.commit_checkpoint(pointer, delete, fence)
             log.info(
                 "checkpoint at seq %d %s: pickled in %.1f ms, then written in %.1f ms (%d records deleted; %d parts, "
                 "%d of them named again from checkpoint %d)",
@@ -189,7 +189,7 @@ class Checkpointer:
             if done:  # what the new checkpoint superseded goes now: old checkpoints, unreferenced buffers
                 io_loop.add_callback(known.learned, seq, parts)  # what the next checkpoint may name again
                 try:
-                    checkpoint_seq, referenced = await agent.referenced_objects()
+                    checkpoint_seq, referenced = await writer.referenced_objects()
                     collect = partial(collect_unreferenced, grace_seconds=GC_GRACE_SECONDS)
                     report = await loop.run_in_executor(None, collect, statelog.store, checkpoint_seq, referenced)
                 except Exception as exc:  # the next checkpoint tries again
@@ -201,7 +201,7 @@ class Checkpointer:
 
         known.checkpointed(seq)  # do not try again for this stretch, whatever the outcome
         self._publisher.hold_namespace(uploaded)
-        future = agent.thread.submit(commit())
+        future = writer.thread.submit(commit())
         future.add_done_callback(_log_failure("checkpoint"))
 
     def _again(self, waited: float) -> None:

@@ -1,17 +1,22 @@
-"""What the parts of a replica kernel use of the kernel that builds them, and how their threads share the GIL.
+"""The loops the parts of a replica kernel run on, and how their threads share the GIL.
 
 :class:`~jupyter_notebookos.kernel.replica.ReplicaKernel` (an ipykernel kernel) builds its parts (following the log,
 publishing cells, checkpoints, idle verification) and hands each itself as a :class:`KernelLoop`: ipykernel's event
-loop and its queue of dispatches, which run one at a time between shell requests, and the user's namespace.
+loop and its queue of dispatches, which run one at a time between shell requests, and the user's namespace. Their
+etcd work runs on the :class:`CoordinationThread`'s loop instead, which a cell holding the kernel's loop never stops.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, Protocol, TypeVar
+
+_T = TypeVar("_T")
 
 
 class KernelLoop(Protocol):
@@ -34,6 +39,31 @@ class KernelLoop(Protocol):
     def requests_waiting(self) -> bool:
         """Whether requests are queued for dispatch."""
         ...
+
+
+class CoordinationThread:
+    """A daemon thread running an asyncio loop for the etcd client."""
+
+    def __init__(self, name: str = "notebookos-etcd") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def start(self) -> None:
+        """Start the thread (idempotent)."""
+        if not self._thread.is_alive():
+            self._thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
+        """Run ``coro`` on the loop; returns its future (safe from any thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, _T], timeout: float | None = None) -> _T:
+        """Run ``coro`` on the loop and wait for its result (never call this from the loop itself)."""
+        return self.submit(coro).result(timeout)
 
 
 class QuickGilHandoff:

@@ -3,8 +3,8 @@
 Every directed cell publishes exactly one record: also when it changed nothing, raised, was interrupted, or was
 aborted after an earlier error. After the reply the delta is pickled (its large buffers as views of the user's
 objects), the buffers are uploaded and the record goes out in one fenced etcd transaction (``kernel/statelog.py``,
-``kernel/agent.py``). Until the upload is done the namespace must not change: the publisher holds the kernel's upload
-gate, which a checkpoint's upload holds too, and :meth:`CellPublisher.quiesce` is what waits for it.
+``kernel/logwriter.py``). Until the upload is done the namespace must not change: the publisher holds the kernel's
+upload gate, which a checkpoint's upload holds too, and :meth:`CellPublisher.quiesce` is what waits for it.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jupyter_notebookos.kernel.agent import PublishOutcome, ReplicaAgent
 from jupyter_notebookos.kernel.follower import LogFollower
+from jupyter_notebookos.kernel.logwriter import LogWriter, PublishOutcome
 from jupyter_notebookos.kernel.loop import KernelLoop
 from jupyter_notebookos.kernel.lostchanges import LostChanges
 from jupyter_notebookos.kernel.settings import ReplicaSettings
@@ -53,8 +53,9 @@ class CellPublisher:
     """Publishes each directed cell's record (see the module's docstring); owns the upload gate.
 
     A record refused (or a publication that failed) means this replica's namespace differs from the log: the
-    ``follower`` reloads it at the next :meth:`quiesce`. ``on_written(seq)`` is called on the loop for each record
-    written (the kernel checkpoints after it); the ``verifier`` is asked for a verification after it.
+    ``follower`` reloads it at the next :meth:`quiesce`. Records go out through the ``writer``, on its thread.
+    ``on_written(seq)`` is called on the loop for each record written (the kernel checkpoints after it); the
+    ``verifier`` is asked for a verification after it.
     """
 
     def __init__(
@@ -62,7 +63,7 @@ class CellPublisher:
         kernel: KernelLoop,
         *,
         settings: ReplicaSettings,
-        agent: ReplicaAgent,
+        writer: LogWriter,
         statelog: StateLog,
         tracker: StateTracker,
         lost_changes: LostChanges,
@@ -72,7 +73,7 @@ class CellPublisher:
     ) -> None:
         self._kernel = kernel
         self._settings = settings
-        self._agent = agent
+        self._writer = writer
         self._statelog = statelog
         self._tracker = tracker
         self._lost_changes = lost_changes
@@ -128,7 +129,7 @@ class CellPublisher:
         The namespace already holds the cell's effects, so the record counts as applied here at once (the
         publication transaction reports it to etcd); the next cell waits only for the pickling and the upload.
         """
-        statelog, agent, tracker = self._statelog, self._agent, self._tracker
+        statelog, writer, tracker = self._statelog, self._writer, self._tracker
         io_loop = self._kernel.io_loop
         assert io_loop is not None
         empty = delta is None or delta.is_empty()
@@ -172,7 +173,7 @@ class CellPublisher:
                 finally:
                     uploaded.set_result(None)
             uploaded_ms = (time.perf_counter() - started) * 1e3
-            outcome = await agent.publish(record, directive.fence, hold=empty)
+            outcome = await writer.publish(record, directive.fence, hold=empty)
             if not outcome.written:
                 changed = sorted({*record.names, *record.deleted})
                 io_loop.add_callback(self._changes_refused, directive.seq, changed, outcome.reason)
@@ -206,7 +207,7 @@ class CellPublisher:
         def submit() -> None:
             # Here, not before the reply: the loop's thread (or shutdown's), before anything may change the namespace.
             pending, failure = self._pickle_delta(directive.seq, None if empty else delta)
-            agent.thread.submit(publish(pending, failure)).add_done_callback(lambda f: _chain(f, outcome))
+            writer.thread.submit(publish(pending, failure)).add_done_callback(lambda f: _chain(f, outcome))
 
         self.start_deferred()  # records go out in order
         if empty:

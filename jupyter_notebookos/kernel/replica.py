@@ -198,10 +198,11 @@ class ReplicaKernel(IPythonKernel):
             verifier=self.verifier,
             quiesce=self._quiesce,
         )
+        writer = agent.log_writer  # the parts that write the log get the writer alone, not the lease and registration
         self.publisher = CellPublisher(
             self,
             settings=settings,
-            agent=agent,
+            writer=writer,
             statelog=statelog,
             tracker=tracker,
             lost_changes=self.lost_changes,
@@ -212,7 +213,7 @@ class ReplicaKernel(IPythonKernel):
         self.checkpoints = Checkpointer(
             self,
             settings=settings,
-            agent=agent,
+            writer=writer,
             statelog=statelog,
             tracker=tracker,
             checkpoint=checkpoint,

@@ -56,7 +56,7 @@ class ReplicaSettings:
     gpu_sticky: bool = False  # keep GPU state on the device between cells (GpuBinding.sticky)
     buffer_threshold: int = p.DEFAULT_BUFFER_THRESHOLD
     checkpoint_every: int = p.DEFAULT_CHECKPOINT_EVERY
-    hold_empty_records_ms: int = p.DEFAULT_HOLD_EMPTY_RECORDS_MS  # see ReplicaAgent.publish
+    hold_empty_records_ms: int = p.DEFAULT_HOLD_EMPTY_RECORDS_MS  # see LogWriter.publish
     pod: str | None = None
     etcd_tls: EtcdTls | None = None
     etcd_credentials: EtcdCredentials | None = None

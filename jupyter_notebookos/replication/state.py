@@ -6,7 +6,7 @@ The rule. After a cell, the delta is every user name ``n`` such that
    (plain, tuple/star unpacking, augmented, annotated), ``for``/``with``/``except ... as`` targets, walrus
    (also inside comprehensions), ``import``/``from ... import``, ``def``, ``class``, ``match`` captures,
    ``del``, names declared ``global`` and bound in a function or class body of the cell, and the root
-   name of a module-level attribute/item target (``a.x = 1``, ``d[k] = v``, ``del d[k]``); or
+   name of a module-level attribute/item target (``a.x = 1``, ``d[k] = v``, ``del d[k]``) (bindings.py); or
 2. ``n`` is new, gone, bound to a different object (``id``), or its value's fingerprint changed. The
    fingerprint is the digest of the value's pickle (the same pickler the records use) in which every
    protocol-5 buffer (numpy arrays) is not copied but stands as its write-tracking version token (large
@@ -90,6 +90,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_notebookos.replication.bindings import CellBindings, cell_bindings, ipython_transform
 from jupyter_notebookos.replication.chunks import BufferLineage
 from jupyter_notebookos.replication.fingerprint import Fingerprint, FingerprintAborted, fingerprint
 from jupyter_notebookos.replication.reach import cell_reach, union
@@ -109,167 +110,6 @@ def is_user_name(name: str, value: Any, hidden: Mapping[str, Any] | None = None)
     if name in IPYTHON_NAMES or _IPYTHON_GENERATED.match(name):
         return False
     return not (hidden is not None and name in hidden and hidden[name] is value)
-
-
-# -- syntax ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CellBindings:
-    """What a cell's source says about global names: the names it binds, deletes or assigns into."""
-
-    touched: frozenset[str]
-    parsed: bool
-    star_import: bool = False
-
-
-@dataclass
-class _Scope:
-    kind: str  # "module" | "function" | "class" | "comprehension"
-    globals: frozenset[str] = frozenset()
-
-
-def _declared_globals(body: Iterable[ast.AST]) -> frozenset[str]:
-    """Names declared ``global`` in one function or class body (not in the scopes nested in it)."""
-    found: set[str] = set()
-    stack = list(body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.Global):
-            found.update(node.names)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
-            continue
-        else:
-            stack.extend(ast.iter_child_nodes(node))
-    return frozenset(found)
-
-
-def _root_name(node: ast.expr) -> str | None:
-    while isinstance(node, ast.Attribute | ast.Subscript | ast.Starred):
-        node = node.value
-    return node.id if isinstance(node, ast.Name) else None
-
-
-class _BindingVisitor(ast.NodeVisitor):
-    def __init__(self) -> None:
-        self.scopes = [_Scope("module")]
-        self.touched: set[str] = set()
-        self.star_import = False
-
-    def _bind(self, name: str, *, walrus: bool = False) -> None:
-        scopes = self.scopes
-        if walrus:  # a walrus in a comprehension binds in the nearest enclosing non-comprehension scope
-            scopes = [s for s in scopes if s.kind != "comprehension"] or scopes[:1]
-        scope = scopes[-1]
-        if scope.kind == "module" or name in scope.globals:
-            self.touched.add(name)
-
-    def _mutate(self, target: ast.expr) -> None:
-        root = _root_name(target)
-        if root is not None:
-            self._bind(root)
-
-    def visit_Name(self, node: ast.Name) -> None:
-        if isinstance(node.ctx, ast.Store | ast.Del):
-            self._bind(node.id)
-
-    def visit_Attribute(self, node: ast.Attribute) -> None:
-        if isinstance(node.ctx, ast.Store | ast.Del):
-            self._mutate(node)
-        self.generic_visit(node)
-
-    visit_Subscript = visit_Attribute  # type: ignore[assignment]
-
-    def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
-        self.visit(node.value)
-        self._bind(node.target.id, walrus=True)
-
-    def visit_Import(self, node: ast.Import) -> None:
-        for alias in node.names:
-            self._bind(alias.asname or alias.name.split(".")[0])
-
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        for alias in node.names:
-            if alias.name == "*":
-                self.star_import = True
-            else:
-                self._bind(alias.asname or alias.name)
-
-    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
-        if node.name:
-            self._bind(node.name)
-        self.generic_visit(node)
-
-    def visit_MatchAs(self, node: ast.MatchAs) -> None:
-        if node.name:
-            self._bind(node.name)
-        self.generic_visit(node)
-
-    def visit_MatchStar(self, node: ast.MatchStar) -> None:
-        if node.name:
-            self._bind(node.name)
-
-    def visit_MatchMapping(self, node: ast.MatchMapping) -> None:
-        if node.rest:
-            self._bind(node.rest)
-        self.generic_visit(node)
-
-    def _visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        for expr in [*node.decorator_list, *node.args.defaults, *node.args.kw_defaults]:
-            if expr is not None:
-                self.visit(expr)
-        self._bind(node.name)
-        self.scopes.append(_Scope("function", _declared_globals(node.body)))
-        for stmt in node.body:
-            self.visit(stmt)
-        self.scopes.pop()
-
-    visit_FunctionDef = _visit_function
-    visit_AsyncFunctionDef = _visit_function
-
-    def visit_Lambda(self, node: ast.Lambda) -> None:
-        for expr in [*node.args.defaults, *node.args.kw_defaults]:
-            if expr is not None:
-                self.visit(expr)
-        self.scopes.append(_Scope("function"))
-        self.visit(node.body)
-        self.scopes.pop()
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        for expr in [*node.decorator_list, *node.bases, *(k.value for k in node.keywords)]:
-            self.visit(expr)
-        self._bind(node.name)
-        self.scopes.append(_Scope("class", _declared_globals(node.body)))
-        for stmt in node.body:
-            self.visit(stmt)
-        self.scopes.pop()
-
-    def _visit_comprehension(self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp) -> None:
-        self.scopes.append(_Scope("comprehension"))
-        self.generic_visit(node)
-        self.scopes.pop()
-
-    visit_ListComp = _visit_comprehension
-    visit_SetComp = _visit_comprehension
-    visit_GeneratorExp = _visit_comprehension
-    visit_DictComp = _visit_comprehension
-
-
-def cell_bindings(source: str | ast.Module) -> CellBindings:
-    """The global names ``source`` (plain Python, already transformed from IPython syntax, or its AST) touches."""
-    try:
-        tree = ast.parse(source) if isinstance(source, str) else source
-    except (SyntaxError, ValueError):
-        return CellBindings(frozenset(), parsed=False)
-    visitor = _BindingVisitor()
-    visitor.visit(tree)
-    return CellBindings(frozenset(visitor.touched), parsed=True, star_import=visitor.star_import)
-
-
-def _ipython_transform(code: str) -> str:
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    return str(TransformerManager().transform_cell(code))
 
 
 # -- the tracker -----------------------------------------------------------------------------------------
@@ -353,7 +193,7 @@ class StateTracker:
         self.defer_min_bytes = defer_min_bytes
         self.track_min_bytes = track_min_bytes
         self.hidden = hidden
-        self.transform = transform or _ipython_transform
+        self.transform = transform or ipython_transform
         self._baseline: dict[str, Fingerprint] | None = None
         self._code: str | None = None  # the running cell's source, until its capture
         self._tree: ast.Module | None = None  # the syntax tree the shell compiled it from, if it said (note_tree)
@@ -761,11 +601,9 @@ class StateTracker:
 
 __all__ = [
     "IPYTHON_NAMES",
-    "CellBindings",
     "Fingerprint",
     "StateDelta",
     "StateTracker",
-    "cell_bindings",
     "fingerprint",
     "is_user_name",
 ]

@@ -12,7 +12,9 @@ from typing import Any
 
 from tornado.ioloop import IOLoop
 
-from jupyter_notebookos.kernel.agent import CoordinationThread, LogSnapshot, PublishOutcome
+from jupyter_notebookos.kernel.agent import LogSnapshot
+from jupyter_notebookos.kernel.logwriter import PublishOutcome
+from jupyter_notebookos.kernel.loop import CoordinationThread
 from jupyter_notebookos.kernel.statelog import StateLog, serialize_delta
 from jupyter_notebookos.replication.objectstore import ObjectStore
 from jupyter_notebookos.replication.protocol import CheckpointPointer, LogRecord
@@ -57,8 +59,9 @@ class LoopKernel:
 
 
 class MemoryAgent:
-    """A replica's etcd side in memory: the log (records written unless their seq is in :attr:`refuse`), the
-    checkpoint pointer, and the applied seqs reported. Other replicas have applied up to :attr:`followers_applied`."""
+    """A replica's etcd side in memory, as its agent (for the follower) and its log writer (for the publisher and the
+    checkpointer): the log (records written unless their seq is in :attr:`refuse`), the checkpoint pointer, and the
+    applied seqs reported. Other replicas have applied up to :attr:`followers_applied`."""
 
     def __init__(self) -> None:
         self.thread = CoordinationThread("test-agent")

@@ -27,7 +27,7 @@ from support import etcd_running
 from jupyter_notebookos.coordination.client import Coordinator
 from jupyter_notebookos.coordination.keys import KeyLayout
 from jupyter_notebookos.embedded.etcd import EtcdCluster
-from jupyter_notebookos.kernel.agent import CoordinationThread
+from jupyter_notebookos.kernel.loop import CoordinationThread
 from jupyter_notebookos.replication import protocol as p
 
 _T = TypeVar("_T")

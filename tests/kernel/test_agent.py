@@ -1,4 +1,5 @@
-"""The replica's etcd agent (kernel/agent.py) against a real etcd, where a replica process would hide the race."""
+"""The replica's etcd agent and its log writer (kernel/agent.py, kernel/logwriter.py) against a real etcd, where a
+replica process would hide the race."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def test_a_record_etcd_applied_late_reports_its_applied_seq_with_the_lease_held_
                 return result
 
             monkeypatch.setattr(co, "txn", applied_late)
-            outcome = agent.thread.run(agent.publish(record, fence), 30)
+            outcome = agent.thread.run(agent.log_writer.publish(record, fence), 30)
             assert late and late[0].succeeded, "the first attempt was applied"
             assert outcome.written
             applied = keys.applied("k1", "r0")

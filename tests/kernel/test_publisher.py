@@ -53,9 +53,10 @@ class Replica:
             ran_last_cell=lambda: self.follower.ran_last_cell(),
         )
         known = KnownCheckpoint()
-        common: dict[str, Any] = {"agent": agent, "statelog": statelog, "tracker": self.tracker}
+        common: dict[str, Any] = {"statelog": statelog, "tracker": self.tracker}
         self.follower = LogFollower(
             self.kernel,
+            agent=agent,
             **common,
             lost_changes=self.lost,
             checkpoint=known,
@@ -65,6 +66,7 @@ class Replica:
         self.publisher = CellPublisher(
             self.kernel,
             settings=settings,
+            writer=agent,
             **common,
             lost_changes=self.lost,
             follower=self.follower,
@@ -72,7 +74,13 @@ class Replica:
             on_written=self._written,
         )
         self.checkpoints = Checkpointer(
-            self.kernel, settings=settings, **common, checkpoint=known, follower=self.follower, publisher=self.publisher
+            self.kernel,
+            settings=settings,
+            writer=agent,
+            **common,
+            checkpoint=known,
+            follower=self.follower,
+            publisher=self.publisher,
         )
 
     def _written(self, seq: int) -> None:

@@ -16,10 +16,11 @@ from replication_harness import Executor, published
 
 from jupyter_notebookos.kernel.statelog import StateLog
 from jupyter_notebookos.replication import fingerprint as fp
+from jupyter_notebookos.replication.bindings import cell_bindings
 from jupyter_notebookos.replication.config import DEFAULT_BUFFER_THRESHOLD
 from jupyter_notebookos.replication.objectstore import ObjectStore
 from jupyter_notebookos.replication.records import apply_record
-from jupyter_notebookos.replication.state import StateTracker, cell_bindings
+from jupyter_notebookos.replication.state import StateTracker
 
 
 @pytest.mark.parametrize(
