@@ -33,7 +33,7 @@ from jupyter_notebookos.coordination.kv import EventType
 from jupyter_notebookos.coordination.lease import Lease
 from jupyter_notebookos.coordination.txn import Compare, Op
 from jupyter_notebookos.kernel.keepalive import LeaseKeeper
-from jupyter_notebookos.kernel.logwriter import LogWriter, parse_log_record
+from jupyter_notebookos.kernel.logwriter import LogWriter, parse_log_record, read_log
 from jupyter_notebookos.kernel.loop import CoordinationThread
 from jupyter_notebookos.kernel.settings import ReplicaSettings
 from jupyter_notebookos.replication.protocol import (
@@ -158,19 +158,9 @@ class ReplicaAgent:
         return self.thread.run(self._read_snapshot(), 30)
 
     async def _read_snapshot(self) -> LogSnapshot:
-        co = self._co()
-        result = await co.txn(
-            compare=[],
-            success=[
-                Op.get(self.keys.checkpoint(self.kid)),
-                Op.get(self.keys.log_prefix(self.kid), prefix=True),
-            ],
-        )
-        ckpt_items, log_items = result.results[0].items, result.results[1].items
-        pointer = CheckpointPointer.from_json(ckpt_items[0].value) if ckpt_items else None
+        pointer, records, revision = await read_log(self._co(), self.keys, self.kid)
         after = pointer.seq if pointer is not None else FIRST_SEQ - 1
-        records = [r for kv in log_items if (r := parse_log_record(kv.key, kv.value)) is not None]
-        return LogSnapshot(pointer, [r for r in records if r.seq > after], result.revision)
+        return LogSnapshot(pointer, [r for r in records if r.seq > after], revision)
 
     def register(self, registration: ReplicaRegistration) -> None:
         """Put the registration (bound to the lease): from now on the router may use this replica."""

@@ -60,6 +60,21 @@ def parse_log_record(key: str, value: bytes | str) -> LogRecord | None:
         return LogRecord(seq=seq, kind="malformed", msg_id="", replica_id="")
 
 
+async def read_log(
+    coordinator: Coordinator, keys: KeyLayout, kernel_id: str
+) -> tuple[CheckpointPointer | None, list[LogRecord], int]:
+    """The kernel's checkpoint pointer and every record in its log, read in one transaction (one revision, which is
+    returned too: a watch from the next one misses nothing)."""
+    result = await coordinator.txn(
+        compare=[],
+        success=[Op.get(keys.checkpoint(kernel_id)), Op.get(keys.log_prefix(kernel_id), prefix=True)],
+    )
+    ckpt_items, log_items = result.results[0].items, result.results[1].items
+    pointer = CheckpointPointer.from_json(ckpt_items[0].value) if ckpt_items else None
+    records = [r for kv in log_items if (r := parse_log_record(kv.key, kv.value)) is not None]
+    return pointer, records, result.revision
+
+
 @dataclass(frozen=True)
 class PublishOutcome:
     """What became of a publication: written, or refused (with the reason, in words)."""
@@ -365,19 +380,10 @@ class LogWriter:
 
         Every record still in the log, not only those after the checkpoint: a follower may not have applied
         the ones the checkpoint covers yet (they are deleted only once every replica has)."""
-        result = await self._coordinator.txn(
-            compare=[],
-            success=[
-                Op.get(self._keys.checkpoint(self._kid)),
-                Op.get(self._keys.log_prefix(self._kid), prefix=True),
-            ],
-        )
-        ckpt_items, log_items = result.results[0].items, result.results[1].items
-        pointer = CheckpointPointer.from_json(ckpt_items[0].value) if ckpt_items else None
+        pointer, records, _ = await read_log(self._coordinator, self._keys, self._kid)
         keys = {pointer.ref, *pointer.objects} if pointer is not None else set()
-        for kv in log_items:
-            record = parse_log_record(kv.key, kv.value)
-            keys.update(record.objects if record is not None else ())
+        for record in records:
+            keys.update(record.objects)
         return (pointer.seq if pointer is not None else None), keys
 
     def stop(self) -> None:
