@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from rich.console import Console
 
 from jupyter_notebookos.embedded.etcd import EtcdCluster, EtcdClusterError
 from jupyter_notebookos.embedded.hub import ENV_HUB_STATE_DIR, EmbeddedHub, HubSetupError
-from jupyter_notebookos.embedded.ports import exclude, free_port
+from jupyter_notebookos.embedded.ports import exclude, free_port, is_free
 from jupyter_notebookos.launchers.hostnet import HostNetwork, HostNetworkError
 
 RUNTIME_FILE = "runtime.json"
@@ -72,16 +71,6 @@ def lab_python() -> Path:
     if override:
         return Path(override)
     return Path(sys.prefix).resolve().parent / ".venv-lab" / "bin" / "python"
-
-
-def port_in_use(port: int) -> bool:
-    """Whether something on this machine already listens on 127.0.0.1:``port``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
 
 
 def wait_http(url: str, *, process: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
@@ -171,7 +160,9 @@ class EmbeddedPlatform:
                 raise PlatformError(str(err)) from None
         exclude(*(port for _, port in self._ports()))  # promised to our services: never etcd's
         for name, port in self._ports():
-            if port and port_in_use(port):
+            # is_free binds with SO_REUSEADDR, as the services will: the last run's connections in TIME_WAIT do
+            # not make a port busy (without it, a restart soon after a stop was refused half the time).
+            if port and not is_free(port):
                 raise PlatformError(
                     f"port {port} ({name}) is already in use on 127.0.0.1; choose another with "
                     f"--{name.replace(' ', '-')} or stop what uses it"
