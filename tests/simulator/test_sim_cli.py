@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,21 @@ def test_table_output_and_plots(tmp_path: Path, capsys):
     assert "notebookos" in captured.out and "provisioned" in captured.out
     for name in ("gpus_over_time.png", "delay_cdf.png"):
         assert (tmp_path / "img" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("columns", [72, 80, 100, 110, 120, 160])
+def test_the_table_fits_the_terminal_without_cutting_a_column(columns: int, capsys, monkeypatch):
+    """At 120 columns, at 80 and between, every header and figure shows whole, in a table no wider than the terminal
+    (turned on its side where one row per policy does not fit)."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich draws for a terminal of that width, as a user sees it
+    monkeypatch.setenv("TTY_INTERACTIVE", "0")
+    assert main(SYNTHETIC) == 0
+    out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # (styles)
+    assert "…" not in out, out
+    assert max(len(line) for line in out.splitlines()) <= columns, out
+    for word in ("notebookos", "reservation", "batch", "provisioned", "migrations", "saved", "p99"):
+        assert word in out, (word, out)
 
 
 @pytest.mark.parametrize(
