@@ -155,7 +155,11 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
         "(python -m jupyter_notebookos.launchers.hostnet partition STATE_DIR HOST)",
     )
     up.add_argument("--state-dir", type=Path, default=Path(".state"), help="local state: etcd's data, tokens, logs")
-    up.add_argument("--notebook-dir", type=Path, default=Path.cwd(), help="JupyterLab's root directory")
+    up.add_argument(
+        "--notebook-dir",
+        type=Path,
+        help="JupyterLab's root directory, created if missing (default: ~/notebooks, outside the source tree)",
+    )
     up.add_argument(
         "--gateway-option",
         action="append",
@@ -268,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     """``notebookos up``."""
-    from jupyter_notebookos.embedded.platform import EmbeddedPlatform, PlatformError, UpOptions
+    from jupyter_notebookos.embedded.platform import NOTEBOOK_DIR, EmbeddedPlatform, PlatformError, UpOptions
 
     options = UpOptions(
         hosts=args.hosts,
@@ -279,7 +283,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         etcd_members=args.etcd_members,
         etcd_history=args.etcd_history,
         state_dir=args.state_dir,
-        notebook_dir=args.notebook_dir,
+        notebook_dir=args.notebook_dir or NOTEBOOK_DIR,
         autoscale=args.autoscale,
         host_network=args.host_network,
         provisioning_delay=args.provisioning_delay,

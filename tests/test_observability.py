@@ -197,10 +197,17 @@ def test_grafana_dashboard_queries_only_metrics_the_gateway_exposes(ops_up: Plat
 
 def test_the_dashboard_page_is_the_admins(ops_up: Platform) -> None:
     page = ops_up.url + "/notebookos/"
+    # A browser without the token gets a page that asks for it (not JSON), with the reason; the same for a user.
     refused = requests.get(page, timeout=30)
-    assert refused.status_code == 401 and "needs a token" in refused.json()["message"]
+    assert refused.status_code == 401 and refused.headers["Content-Type"].startswith("text/html")
+    assert "needs a token" in refused.text and 'type="password"' in refused.text
+    assert (
+        'src="/notebookos/static/login.js"' in refused.text
+        and "script-src 'self'" in refused.headers["Content-Security-Policy"]
+    )
     user = requests.get(page, headers={"Authorization": f"token {ALICE}"}, timeout=30)
-    assert user.status_code == 403 and "for the gateway's admin" in user.json()["message"]
+    assert user.status_code == 403 and "for the gateway&#x27;s admin" in user.text and 'type="password"' in user.text
+    assert "<script>" not in requests.get(f"{page}?token=<script>", timeout=30).text  # the reason is escaped
     assert requests.get(page, headers={"Authorization": f"Bearer {METRICS}"}, timeout=30).status_code == 403
     admin = requests.get(f"{page}?token={ops_up.token}", timeout=30)
     assert admin.status_code == 200 and admin.headers["Content-Type"].startswith("text/html")

@@ -277,6 +277,32 @@ def cell_state(browser: Browser, index: int) -> dict[str, Any]:
     return state
 
 
+@pytest.mark.browser
+def test_lab_preselects_the_notebookos_kernel_and_shows_its_logo(lab: Service, workdir: Path) -> None:
+    """File > New > Notebook starts "Python 3 (NotebookOS)" (the gateway's default kernel) without asking where Lab
+    used to ask with "Python 3 (ipykernel)" selected; the kernel picker offers the 2- and 4-GPU kernels too, and the
+    launcher puts NotebookOS first, with its logo rather than a letter."""
+    chromium = start_browser(workdir / "chromium-picker")
+    try:
+        driver: Any = chromium.driver
+        driver.get(f"{lab.url}/lab/workspaces/nbos-picker?reset&token={lab.token}")
+        assert driver.execute_async_script(WAIT_FOR_LAB) is True
+        driver.execute_script("window.jupyterapp.commands.execute('launcher:create')")
+        cards = wait_until(lambda: driver.execute_script(_LAUNCHER_CARDS), 20, "the launcher's cards")
+        notebooks = [c for c in cards if c["category"] == "Notebook"]
+        assert notebooks[0]["label"] == "Python 3 (NotebookOS)", cards
+        ours = [c for c in notebooks if "NotebookOS" in c["label"]]
+        assert len(ours) == 3 and all(c["logo"] and "/logo-" in c["logo"] for c in ours), cards
+        wait_until(lambda: all(driver.execute_script(_LAUNCHER_LOGOS_LOADED)), 10, "the logos to load")
+        screenshot(chromium, "lab-launcher-notebookos-kernels")
+        started = driver.execute_async_script(_NEW_NOTEBOOK_AND_ITS_PICKER)
+        assert started["dialogOnCreate"] is None and started["kernel"] == KERNEL, started
+        assert started["selected"] == {"id": started["kernelId"]}, started  # the picker marks the kernel it runs
+        assert {"Python 3 (NotebookOS, 2 GPUs)", "Python 3 (NotebookOS, 4 GPUs)"} <= set(started["options"]), started
+    finally:
+        chromium.quit()
+
+
 def status_item(browser: Browser) -> dict[str, Any] | None:
     """The kernel item as shown (its text and replicas), or None while it is empty."""
     shown: dict[str, Any] | None = browser.driver.execute_script(_STATUS_ITEM)  # type: ignore[attr-defined]
@@ -576,6 +602,63 @@ return {
   cells: panel.content.widgets.map((c) => [c.model.sharedModel.getSource(), c.model.executionCount, c.model.id]),
   outputs: panel.content.widgets.map((c) => (c.node.querySelector('.jp-OutputArea') || {}).innerHTML),
 };
+"""
+
+# File > New > Notebook (no kernel named): the kernel it starts, or the dialog that asks instead; then Kernel >
+# Change Kernel: what its picker selects (its option's value) and offers (cancelled). The notebook's kernel is shut
+# down at the end.
+_NEW_NOTEBOOK_AND_ITS_PICKER = """
+const done = arguments[arguments.length - 1];
+const app = window.jupyterapp;
+const dialogSelect = () => document.querySelector('.jp-Dialog select');
+const until = (check) => new Promise((resolve) => {
+  const started = Date.now();
+  (function poll() {
+    const value = check();
+    if (value || Date.now() - started > 30000) resolve(value);
+    else setTimeout(poll, 100);
+  })();
+});
+(async () => {
+  const panel = await app.commands.execute('notebook:create-new');
+  const result = {};
+  const first = await until(() => dialogSelect() || (panel.sessionContext.session?.kernel && 'kernel'));
+  if (first !== 'kernel') {
+    result.dialogOnCreate = first ? first.options[first.selectedIndex].text : 'nothing within 30 s';
+    document.querySelector('.jp-Dialog .jp-mod-reject')?.click();
+    return done(result);
+  }
+  result.dialogOnCreate = null;
+  result.kernel = panel.sessionContext.session.kernel.name;
+  await panel.sessionContext.ready;
+  await app.serviceManager.kernels.refreshRunning();  // (the picker marks the running kernel from this list)
+  app.commands.execute('kernelmenu:change');
+  const select = await until(dialogSelect);
+  result.selected = select ? JSON.parse(select.value) : null;
+  result.kernelId = panel.sessionContext.session.kernel.id;
+  result.options = select ? Array.from(select.options).map((o) => o.text) : [];
+  document.querySelector('.jp-Dialog .jp-mod-reject')?.click();
+  await panel.sessionContext.shutdown();
+  panel.dispose();
+  done(result);
+})().catch((e) => done({error: String(e)}));
+"""
+
+# The launcher's cards: section, label and logo.
+_LAUNCHER_CARDS = """
+return Array.from(document.querySelectorAll('.jp-Launcher-section')).flatMap((section) => {
+  const category = section.querySelector('.jp-Launcher-sectionTitle').innerText.trim();
+  return Array.from(section.querySelectorAll('.jp-LauncherCard')).map((card) => {
+    const img = card.querySelector('img');
+    return {category, label: card.querySelector('.jp-LauncherCard-label').innerText.trim(),
+            logo: img ? img.getAttribute('src') : null};
+  });
+});
+"""
+
+# Whether each launcher card's logo image has loaded (a letter is shown where a kernelspec has none).
+_LAUNCHER_LOGOS_LOADED = """
+return Array.from(document.querySelectorAll('.jp-LauncherCard img')).map((img) => img.complete && img.naturalWidth > 0);
 """
 
 # Lab's Kernel menu: interrupt or restart (without the confirmation dialog) the notebook's kernel.
