@@ -82,7 +82,10 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if action.default in (None, False, [], argparse.SUPPRESS) or "default" in text:
+        default = action.default
+        # `is` for the flags' False: a default of 0 is shown (0 == False).
+        nothing = default is None or default is False or default in ("", [], argparse.SUPPRESS)
+        if nothing or "default" in text:
             return text
         return super()._get_help_string(action)
 

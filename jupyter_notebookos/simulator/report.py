@@ -15,18 +15,21 @@ from jupyter_notebookos.terminal import fitted_table, narrowest
 def result_document(
     start_hour: float,
     hours: float,
-    sessions: int,
+    sessions: tuple[int, int],
     tasks: int,
     summaries: dict[str, dict[str, Any]],
     saved: dict[str, float],
     model: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The `--json` object: window, model, per-policy figures and the saving against Reservation."""
+    """The `--json` object: window, model, per-policy figures and the saving against Reservation. ``sessions``: the
+    window's (trace) sessions and kernels (more: the idle culler's model starts a kernel again for a session's cell
+    after a long gap)."""
     return {
         "window": {
             "start_hour": round(start_hour, 4),
             "hours": round(hours, 4),
-            "sessions": sessions,
+            "sessions": sessions[0],
+            "kernels": sessions[1],
             "tasks": tasks,
         },
         "model": model or {},
@@ -58,8 +61,10 @@ def write_table(
 ) -> None:
     """Print the run as a table: one row per policy; then, per policy, what cells over 1 s waited for."""
     window = document["window"]
+    restarted = window["kernels"] - window["sessions"]
+    kernels = f" ({window['kernels']} kernels: {restarted} started again after the idle culler)" if restarted else ""
     caption = (
-        f"window: hour {window['start_hour']:g} + {window['hours']:g} h, {window['sessions']} sessions, "
+        f"window: hour {window['start_hour']:g} + {window['hours']:g} h, {window['sessions']} sessions{kernels}, "
         f"{window['tasks']} tasks; delay = submission to start of execution"
     )
     saved = document["saved_gpu_hours_vs_reservation"]
@@ -81,6 +86,8 @@ def write_table(
     if narrowest(table) > console.width:
         table = _figures_as_rows(title or "notebookos simulate", caption, list(policies), figures)
     console.print(table)
+    if document.get("why_notebookos_bills_more"):
+        console.print(document["why_notebookos_bills_more"], highlight=False)
     for name, causes in (late or {}).items():
         if causes:
             ranked = sorted(causes.items(), key=lambda kv: -kv[1])
