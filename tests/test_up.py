@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -231,6 +232,21 @@ def test_jupyterlab_opens_a_notebooks_directory_outside_the_source_tree(tmp_path
     assert "~/notebooks" in subprocess.run([*NOTEBOOKOS, "up", "--help"], capture_output=True, text=True).stdout
     command = EmbeddedPlatform(UpOptions(notebook_dir=tmp_path / "mine")).lab_command()
     assert f"--ServerApp.root_dir={tmp_path / 'mine'}" in command
+
+
+def test_the_readme_usage_names_every_option_of_up() -> None:
+    """The README's usage block is where a new user looks (the Hub docs rely on --gateway-option): every option of
+    `notebookos up` is in it, and nothing that is not one."""
+    from jupyter_notebookos.cli import build_parser
+
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("## Using it", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    up_lines = block.split(".venv/bin/notebookos status", 1)[0]
+    shown = set(re.findall(r"--[a-z][a-z-]*", up_lines))
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    options = {o for a in sub.choices["up"]._actions for o in a.option_strings if o.startswith("--")} - {"--help"}
+    assert shown == options, (sorted(options - shown), sorted(shown - options))
 
 
 def test_gateway_client_reports_http_errors(shared_up: Platform) -> None:
