@@ -77,7 +77,7 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``--help`` shows each option's default, except where there is none or the help says it already."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
@@ -120,7 +120,7 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="notebookos",
         description="NotebookOS: GPU-efficient replicated notebook kernels.",
-        formatter_class=_HelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"notebookos {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{up,down,status,migrate,simulate}")
@@ -129,7 +129,7 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     up = sub.add_parser(
         "up",
         help="run the embedded platform (etcd, gateway, JupyterLab) in the foreground",
-        formatter_class=_HelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     up.add_argument("--hosts", type=_positive_int, default=4, help="simulated hosts")
     up.add_argument(
@@ -207,7 +207,7 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     down = sub.add_parser(
         "down",
         help="stop the `notebookos up` running in --state-dir (and all it started)",
-        formatter_class=_HelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     down.add_argument("--state-dir", type=Path, default=Path(".state"), help="state dir of `notebookos up`")
     down.add_argument(
@@ -217,7 +217,7 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     status = sub.add_parser(
         "status",
         help="hosts, GPUs and kernels of a running platform, or one kernel's replicas",
-        formatter_class=_HelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     status.add_argument(
         "kernel", nargs="?", metavar="KERNEL", help="show this kernel (its id, or a unique start of it)"
@@ -230,7 +230,7 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     migrate = sub.add_parser(
         "migrate",
         help="move one replica of a kernel to another host now (waits until it serves again)",
-        formatter_class=_HelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     migrate.add_argument("kernel", metavar="KERNEL", help="the kernel (its id, or a unique start of it)")
     migrate.add_argument("replica", metavar="REPLICA", help="the replica's id (see `notebookos status KERNEL`)")
@@ -238,7 +238,9 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     _gateway_arguments(migrate)
 
     simulate = sub.add_parser(
-        "simulate", help="trace-driven simulation of NotebookOS and its baselines", formatter_class=_HelpFormatter
+        "simulate",
+        help="trace-driven simulation of NotebookOS and its baselines",
+        formatter_class=DefaultsHelpFormatter,
     )
     if simulate_options:
         from jupyter_notebookos.simulator.cli import add_arguments

@@ -563,6 +563,10 @@ def _run(args: argparse.Namespace, err: Console) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Standalone entry point (`python -m jupyter_notebookos.simulator`)."""
-    parser = argparse.ArgumentParser(prog="notebookos simulate", description=__doc__.splitlines()[0])
+    from jupyter_notebookos.cli import DefaultsHelpFormatter
+
+    parser = argparse.ArgumentParser(
+        prog="notebookos simulate", description=__doc__.splitlines()[0], formatter_class=DefaultsHelpFormatter
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
