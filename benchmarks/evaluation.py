@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         first = runs["production"]["window"]
         print(
             f"## {scope}: hour {first['start_hour']:g} + {first['hours']:g} h (production model), "
-            f"{first['sessions']} kernels, {first['tasks']} cells"
+            f"{first['sessions']} sessions, {first['kernels']} kernels, {first['tasks']} cells"
         )
         keep = runs["keep-alive"]["window"]
         print(

@@ -77,12 +77,15 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``--help`` shows each option's default, except where there is none or the help says it already."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if action.default in (None, False, [], argparse.SUPPRESS) or "default" in text:
+        default = action.default
+        # `is` for the flags' False: a default of 0 is shown (0 == False).
+        nothing = default is None or default is False or default in ("", [], argparse.SUPPRESS)
+        if nothing or "default" in text:
             return text
         return super()._get_help_string(action)
 
@@ -117,7 +120,7 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="notebookos",
         description="NotebookOS: GPU-efficient replicated notebook kernels.",
-        formatter_class=_HelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"notebookos {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{up,down,status,migrate,simulate}")
@@ -126,7 +129,7 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     up = sub.add_parser(
         "up",
         help="run the embedded platform (etcd, gateway, JupyterLab) in the foreground",
-        formatter_class=_HelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     up.add_argument("--hosts", type=_positive_int, default=4, help="simulated hosts")
     up.add_argument(
@@ -155,7 +158,11 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
         "(python -m jupyter_notebookos.launchers.hostnet partition STATE_DIR HOST)",
     )
     up.add_argument("--state-dir", type=Path, default=Path(".state"), help="local state: etcd's data, tokens, logs")
-    up.add_argument("--notebook-dir", type=Path, default=Path.cwd(), help="JupyterLab's root directory")
+    up.add_argument(
+        "--notebook-dir",
+        type=Path,
+        help="JupyterLab's root directory, created if missing (default: ~/notebooks, outside the source tree)",
+    )
     up.add_argument(
         "--gateway-option",
         action="append",
@@ -200,7 +207,7 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     down = sub.add_parser(
         "down",
         help="stop the `notebookos up` running in --state-dir (and all it started)",
-        formatter_class=_HelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     down.add_argument("--state-dir", type=Path, default=Path(".state"), help="state dir of `notebookos up`")
     down.add_argument(
@@ -210,7 +217,7 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     status = sub.add_parser(
         "status",
         help="hosts, GPUs and kernels of a running platform, or one kernel's replicas",
-        formatter_class=_HelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     status.add_argument(
         "kernel", nargs="?", metavar="KERNEL", help="show this kernel (its id, or a unique start of it)"
@@ -223,7 +230,7 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     migrate = sub.add_parser(
         "migrate",
         help="move one replica of a kernel to another host now (waits until it serves again)",
-        formatter_class=_HelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     migrate.add_argument("kernel", metavar="KERNEL", help="the kernel (its id, or a unique start of it)")
     migrate.add_argument("replica", metavar="REPLICA", help="the replica's id (see `notebookos status KERNEL`)")
@@ -231,7 +238,9 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     _gateway_arguments(migrate)
 
     simulate = sub.add_parser(
-        "simulate", help="trace-driven simulation of NotebookOS and its baselines", formatter_class=_HelpFormatter
+        "simulate",
+        help="trace-driven simulation of NotebookOS and its baselines",
+        formatter_class=DefaultsHelpFormatter,
     )
     if simulate_options:
         from jupyter_notebookos.simulator.cli import add_arguments
@@ -268,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     """``notebookos up``."""
-    from jupyter_notebookos.embedded.platform import EmbeddedPlatform, PlatformError, UpOptions
+    from jupyter_notebookos.embedded.platform import NOTEBOOK_DIR, EmbeddedPlatform, PlatformError, UpOptions
 
     options = UpOptions(
         hosts=args.hosts,
@@ -279,7 +288,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         etcd_members=args.etcd_members,
         etcd_history=args.etcd_history,
         state_dir=args.state_dir,
-        notebook_dir=args.notebook_dir,
+        notebook_dir=args.notebook_dir or NOTEBOOK_DIR,
         autoscale=args.autoscale,
         host_network=args.host_network,
         provisioning_delay=args.provisioning_delay,

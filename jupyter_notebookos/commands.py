@@ -26,8 +26,9 @@ from typing import Any
 import psutil
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
+
+from jupyter_notebookos.statusview import cluster_view, kernel_view
 
 ENV_GATEWAY_URL = "JUPYTER_GATEWAY_URL"  # jupyter_server's GatewayClient reads the same variables
 ENV_GATEWAY_TOKEN = "JUPYTER_GATEWAY_AUTH_TOKEN"
@@ -136,21 +137,30 @@ class Gateway:
 # -- status -------------------------------------------------------------------------------------------------
 
 
+#: Columns of what ``status`` prints to a pipe or file: ids whole, lines never wrapped by a guessed terminal width.
+PIPE_WIDTH = 200
+
+#: A view of a body the gateway answered, for a terminal of this many columns (None: no limit).
+View = Callable[[dict[str, Any], "int | None"], RenderableType]
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """``notebookos status [KERNEL] [--watch] [--json]``."""
     gateway = Gateway.from_args(args)
     fetch: Callable[[], dict[str, Any]] = gateway.cluster
-    render: Callable[[dict[str, Any]], RenderableType] = cluster_view
+    render: View = cluster_view
     if args.kernel:
         kernel_id = gateway.kernel(args.kernel)["kernel_id"]  # resolves a prefix once, and fails early
-        fetch, render = (lambda: gateway.kernel(kernel_id)), kernel_view
+        fetch, render = (lambda: gateway.kernel(kernel_id)), (lambda body, width: kernel_view(body))
     body = fetch()
     console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=PIPE_WIDTH)
     if not args.watch:
         if args.json:
             print(json.dumps(body, indent=2))
         else:
-            console.print(render(body))
+            console.print(render(body, console.width if console.is_terminal else None))
         return 0
     return watch(console, fetch, render, body, args.interval)
 
@@ -158,159 +168,45 @@ def cmd_status(args: argparse.Namespace) -> int:
 def watch(
     console: Console,
     fetch: Callable[[], dict[str, Any]],
-    render: Callable[[dict[str, Any]], RenderableType],
+    render: View,
     first: dict[str, Any],
     interval: float,
 ) -> int:
-    """Redraw ``render(fetch())`` every ``interval`` seconds until Ctrl-C (exit 0). A failed fetch is shown
-    above the last good view and retried: a gateway restarting does not end the watch."""
+    """Redraw ``render(fetch())`` every ``interval`` seconds until Ctrl-C or SIGTERM (exit 0). A failed fetch is
+    shown above the last good view and retried: a gateway restarting does not end the watch. On a terminal the view
+    is redrawn in place; to a pipe or file each redraw is printed after the last, as soon as it is drawn."""
     body, problem = first, ""
 
     def screen() -> RenderableType:
         stamp = Text(f"every {interval:g} s, {time.strftime('%H:%M:%S')}; Ctrl-C to stop", style="dim")
         header = Text(problem, style="bold red") if problem else stamp
-        return Group(header, render(body))
+        return Group(header, render(body, console.width if console.is_terminal else None))
 
+    def next_view() -> None:
+        nonlocal body, problem
+        time.sleep(interval)
+        try:
+            body, problem = fetch(), ""
+        except CommandError as err:
+            problem = f"{err} (retrying every {interval:g} s)"
+
+    signal.signal(signal.SIGTERM, _interrupt)  # stopped by a service manager or `kill`: as Ctrl-C
     try:
+        if not console.is_terminal:
+            while True:
+                console.print(screen())
+                console.file.flush()
+                next_view()
         with Live(screen(), console=console, auto_refresh=False, screen=False) as live:
             while True:
-                time.sleep(interval)
-                try:
-                    body, problem = fetch(), ""
-                except CommandError as err:
-                    problem = f"{err} (retrying every {interval:g} s)"
+                next_view()
                 live.update(screen(), refresh=True)
     except KeyboardInterrupt:
         return 0
 
 
-def cluster_view(cluster: dict[str, Any]) -> RenderableType:
-    """The cluster as tables: hosts, then kernels, the queue, migrations and scaling."""
-    parts: list[RenderableType] = []
-    hosts = Table(title="Hosts")
-    for column in ("host", "GPUs", "committed", "pending", "idle", "replicas", "kind"):
-        hosts.add_column(column, justify="left" if column in ("host", "kind") else "right")
-    for h in cluster.get("hosts", []):
-        kind = "simulated" if h.get("simulated") else "real GPUs"
-        if h.get("draining"):
-            kind += ", draining"
-        hosts.add_row(
-            str(h["name"]),
-            str(h["gpus"]),
-            str(h["gpus_committed"]),
-            str(h["gpus_pending"]),
-            str(h["gpus"] - h["gpus_committed"]),
-            str(h["replicas"]),
-            kind,
-        )
-    parts.append(hosts)
-    totals = cluster.get("totals") or {}
-    ratio = f"{totals['subscription_ratio']:.2f}, " if "subscription_ratio" in totals else ""
-    parts.append(Text(f"Subscription ratio: {ratio}admission limit {cluster.get('subscription_ratio', 0):.2f}"))
-    kernels = cluster.get("kernels", [])
-    if kernels:
-        table = Table(title="Kernels")
-        table.add_column("kernel", no_wrap=True, min_width=36)  # whole ids: they are what one copies
-        for column in ("owner", "replicas", "executor", "GPUs/cell", "state", "cells"):
-            table.add_column(column)
-        for k in kernels:
-            table.add_row(
-                str(k.get("kernel_id") or "(another user's)"),  # users see others' kernels without ids
-                str(k.get("owner") or ("-" if k.get("kernel_id") else "")),
-                ", ".join(replica_text(r) for r in k.get("replicas", [])),
-                str(k.get("executor") or "-"),
-                str(k.get("gpus", "")),
-                kernel_state(k),
-                str(k.get("cells", "")),
-            )
-        parts.append(table)
-    else:
-        parts.append(Text("No NotebookOS kernels."))
-    queue = cluster.get("queue", [])
-    if queue:
-        waiting = Table(title=f"Queued cells ({len(queue)}, waiting for GPUs)")
-        for column in ("#", "kernel", "cell", "GPUs", "waiting"):
-            waiting.add_column(column, justify="right" if column in ("#", "GPUs", "waiting") else "left")
-        for position, q in enumerate(queue, start=1):
-            waiting.add_row(
-                str(q.get("position", position)),
-                str(q.get("kernel_id") or "(another user's)"),
-                str(q.get("cell_id") or "-"),
-                str(q.get("gpus", "")),
-                f"{float(q.get('waiting_ms', 0.0)) / 1000.0:.1f} s",
-            )
-        parts.append(waiting)
-    else:
-        parts.append(Text("Queued cells: none"))
-    migrations = cluster.get("migrations", [])
-    if migrations:
-        moving = Table(title=f"Migrations in progress ({len(migrations)})")
-        for column in ("#", "kernel", "replica", "from", "to", "why", "for"):
-            moving.add_column(column)
-        for m in migrations:
-            moving.add_row(
-                f"m{m.get('migration_id')}",
-                str(m.get("kernel_id") or "(another user's)"),
-                f"r{m.get('replica_id')}",
-                str(m.get("source")),
-                str(m.get("target")),
-                str(m.get("trigger")),
-                f"{m.get('seconds', 0):.1f} s",
-            )
-        parts.append(moving)
-    scaling = cluster.get("scaling") or {}
-    if scaling.get("enabled"):
-        draining = ", ".join(scaling.get("draining", [])) or "none"
-        parts.append(Text(f"Autoscaling: {scaling.get('provisioning', 0)} host(s) provisioning, draining: {draining}"))
-        parts.extend(Text(f"  {event.get('decision')}") for event in scaling.get("recent", [])[-3:])
-    return Group(*parts)
-
-
-def kernel_view(kernel: dict[str, Any]) -> RenderableType:
-    """One kernel: its replicas (host, state, up to date), executor, cells and GPU-seconds."""
-    replicas = kernel.get("replicas", [])
-    head = max((int(r.get("applied_seq", -1)) for r in replicas), default=-1)
-    table = Table(title=f"Kernel {kernel['kernel_id']} ({kernel.get('kernel_name')})")
-    for column in ("replica", "host", "state", "applied", "up to date", "executor", "memory"):
-        table.add_column(column, justify="right" if column in ("applied", "memory") else "left")
-    for r in replicas:
-        memory = r.get("memory_bytes")
-        table.add_row(
-            str(r.get("replica_id")),
-            str(r.get("host")),
-            str(r.get("state")),
-            str(r.get("applied_seq")),
-            "yes" if r.get("state") == "ready" and int(r.get("applied_seq", -1)) >= head else "no",
-            "yes" if r.get("replica_id") == kernel.get("executor") else "",
-            f"{memory / 2**20:.0f} MiB" if isinstance(memory, int) else "-",
-        )
-    used = float(kernel.get("gpu_seconds_used") or 0.0)
-    held = float(kernel.get("gpu_seconds_held_if_reserved") or 0.0)
-    share = f" ({100.0 * used / held:.1f} %)" if held > 0 else ""
-    lines = [
-        f"Owner: {kernel.get('owner') or 'the admin'}",
-        f"State: {kernel_state(kernel)}; executor: {kernel.get('executor') or '-'}",
-        f"GPUs per cell: {kernel.get('gpus')}",
-        f"Cells: {kernel.get('cells')} run, {kernel.get('queued', 0)} queued",
-        f"GPU-seconds: {used:.1f} used; a reservation would have held {held:.1f}{share}",
-    ]
-    return Group(table, *(Text(line) for line in lines))
-
-
-def replica_text(replica: Any) -> str:
-    """``0@host-1`` for a ready replica, ``0@host-1 (starting)`` otherwise."""
-    if not isinstance(replica, dict):
-        return str(replica)
-    text = f"{replica['replica_id']}@{replica.get('host')}" if "replica_id" in replica else str(replica.get("host"))
-    state = replica.get("state", "ready")
-    return text if state == "ready" else f"{text} ({state})"
-
-
-def kernel_state(kernel: dict[str, Any]) -> str:
-    """What a kernel is doing: running a cell, waiting for GPUs, or idle."""
-    if kernel.get("state"):
-        return str(kernel["state"])
-    return "running" if kernel.get("running") else "idle"
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 # -- migrate ------------------------------------------------------------------------------------------------
@@ -377,10 +273,8 @@ __all__ = [
     "ENV_GATEWAY_URL",
     "CommandError",
     "Gateway",
-    "cluster_view",
     "cmd_down",
     "cmd_migrate",
     "cmd_status",
-    "kernel_view",
     "runtime_of",
 ]

@@ -14,7 +14,7 @@ say() { printf '[bootstrap] %s\n' "$*"; }
 die() { printf '[bootstrap] error: %s\n' "$*" >&2; exit 1; }
 
 digest="$(cat "$ext/package.json" "$ext/package-lock.json" "$ext/pyproject.toml" "$ext"/src/*.js "$ext"/style/* \
-    "$ext"/jupyter_notebookos_lab/*.py "$ext"/jupyter-config/server-config/*.json | sha256sum | cut -c1-16)"
+    "$ext"/jupyter_notebookos_lab/*.py "$ext"/jupyter-config/*/*.json | sha256sum | cut -c1-16)"
 stamp="$venv/.notebookos-lab-$digest"
 [ -f "$stamp" ] && exit 0
 command -v npm >/dev/null 2>&1 || exit 3

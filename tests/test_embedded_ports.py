@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 from urllib.parse import urlparse
 
 import pytest
@@ -61,6 +62,34 @@ def test_a_platform_whose_port_is_taken_before_it_starts_comes_up_on_another(tmp
             assert "is already in use" not in platform.log.read_text()  # (the log is the last attempt's)
         finally:
             stop_platform(platform)
+
+
+def _time_wait_on(port: int) -> None:
+    """Leave a connection to ``port`` in TIME_WAIT (its listening side closes first, as a stopped server's does) and
+    nothing listening there."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tornado's, etcd's and Lab's listeners
+        server.bind((ports.LOOPBACK, port))
+        server.listen()
+        with socket.create_connection((ports.LOOPBACK, port)) as client:
+            accepted, _ = server.accept()
+            accepted.close()
+            client.recv(1)  # the server's FIN: the accepted end is in TIME_WAIT once the client closes
+    states = subprocess.run(["ss", "-Htan", "state", "time-wait", f"sport = :{port}"], capture_output=True, text=True)
+    assert f":{port} " in states.stdout, states
+
+
+def test_up_starts_on_a_port_its_last_run_left_in_time_wait(tmp_path) -> None:
+    """A restart soon after a stop: the last run's connections to the gateway's port are in TIME_WAIT, nothing
+    listens, and the gateway (SO_REUSEADDR, as every server) could bind it; `notebookos up` must not refuse it."""
+    port = ports.free_port()
+    _time_wait_on(port)
+    platform = start_platform(tmp_path / "state", "--port", str(port))
+    try:
+        assert urlparse(platform.url).port == port, platform.url  # not a retry on another port
+        assert "is already in use" not in platform.log.read_text()
+    finally:
+        stop_platform(platform)
 
 
 def test_a_port_is_handed_out_once_and_the_range_can_be_narrowed(monkeypatch) -> None:

@@ -197,10 +197,17 @@ def test_grafana_dashboard_queries_only_metrics_the_gateway_exposes(ops_up: Plat
 
 def test_the_dashboard_page_is_the_admins(ops_up: Platform) -> None:
     page = ops_up.url + "/notebookos/"
+    # A browser without the token gets a page that asks for it (not JSON), with the reason; the same for a user.
     refused = requests.get(page, timeout=30)
-    assert refused.status_code == 401 and "needs a token" in refused.json()["message"]
+    assert refused.status_code == 401 and refused.headers["Content-Type"].startswith("text/html")
+    assert "needs a token" in refused.text and 'type="password"' in refused.text
+    assert (
+        'src="/notebookos/static/login.js"' in refused.text
+        and "script-src 'self'" in refused.headers["Content-Security-Policy"]
+    )
     user = requests.get(page, headers={"Authorization": f"token {ALICE}"}, timeout=30)
-    assert user.status_code == 403 and "for the gateway's admin" in user.json()["message"]
+    assert user.status_code == 403 and "for the gateway&#x27;s admin" in user.text and 'type="password"' in user.text
+    assert "<script>" not in requests.get(f"{page}?token=<script>", timeout=30).text  # the reason is escaped
     assert requests.get(page, headers={"Authorization": f"Bearer {METRICS}"}, timeout=30).status_code == 403
     admin = requests.get(f"{page}?token={ops_up.token}", timeout=30)
     assert admin.status_code == 200 and admin.headers["Content-Type"].startswith("text/html")
@@ -290,6 +297,88 @@ def test_watch_redraws_until_ctrl_c(ops_up: Platform) -> None:
         os.close(primary)
     assert screen.count(b"Hosts") >= 3, screen[-2000:]
     assert b"Traceback" not in screen
+
+
+def test_watch_piped_prints_each_redraw_and_stops_on_sigterm(ops_up: Platform) -> None:
+    """`notebookos status --watch | tee log`, stopped as a service manager stops it: every redraw is in the log."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER_GATEWAY_")}
+    watcher = subprocess.Popen(
+        [*NOTEBOOKOS, "status", "--watch", "--interval", "0.3", *at(ops_up)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        env=env,
+    )
+    try:
+        assert watcher.stdout is not None
+        # Each redraw reaches the pipe as it is drawn, not when the watch ends.
+        ready = select.select([watcher.stdout], [], [], 30)[0]
+        first = os.read(watcher.stdout.fileno(), 65536) if ready else b""
+        time.sleep(1.0)
+        watcher.send_signal(signal.SIGTERM)
+        out, err = watcher.communicate(timeout=30)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+    assert first, "nothing reached the pipe before SIGTERM"
+    text = first.decode() + out.decode()
+    assert watcher.returncode == 0, (watcher.returncode, err)
+    assert text.count("Hosts") >= 2 and "host-3" in text, text[-2000:]
+    assert b"Traceback" not in err
+
+
+def _a_cluster(kernels: int) -> dict[str, object]:
+    """The body of GET /api/notebookos/cluster with ``kernels`` NotebookOS kernels of alice, one cell queued."""
+    ids = [f"{n:08x}-5a1e-4c3b-9d2e-{n:012x}" for n in range(1, kernels + 1)]
+    hosts = [
+        {"name": f"host-{i}", "gpus": 8, "gpus_committed": 1, "gpus_pending": 3, "replicas": 3, "simulated": True}
+        for i in range(4)
+    ]
+    replicas = [{"replica_id": str(r), "host": f"host-{r}", "state": "ready"} for r in range(3)]
+    return {
+        "hosts": hosts,
+        "subscription_ratio": 6.0,
+        "totals": {"subscription_ratio": 0.25},
+        "kernels": [
+            {
+                "kernel_id": k,
+                "owner": "alice",
+                "replicas": replicas,
+                "executor": "1",
+                "gpus": 1,
+                "state": "running",
+                "cells": 12,
+            }
+            for k in ids
+        ],
+        "queue": [{"kernel_id": ids[0], "cell_id": "c" * 32, "gpus": 1, "waiting_ms": 1500.0}],
+        "migrations": [],
+    }
+
+
+@pytest.mark.parametrize("columns", [80, 90, 100, 110, 120, 200])
+def test_status_tables_fit_the_terminal_without_cutting_a_column(columns: int) -> None:
+    """At 80 columns every header and value shows whole; kernel ids that do not fit are shortened to unique starts
+    (which `notebookos status KERNEL` takes), never the other columns."""
+    import io
+
+    from rich.console import Console
+
+    from jupyter_notebookos.statusview import cluster_view
+
+    cluster = _a_cluster(2)
+    screen = io.StringIO()
+    console = Console(file=screen, width=columns, color_system=None)
+    console.print(cluster_view(cluster, columns))
+    text = screen.getvalue()
+    assert "…" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= columns, text
+    for word in ("owner", "replicas", "executor", "GPUs/cell", "state", "cells", "alice", "running", "2@host-2"):
+        assert word in text, (word, text)
+    ids = [k["kernel_id"] for k in cluster["kernels"]]  # type: ignore[index]
+    whole = all(k in text for k in ids)
+    assert whole or (all(k[:8] in text for k in ids) and "`notebookos status <id>`" in text), text
+    assert whole == (columns >= 120) or 80 < columns < 120, (columns, text)
 
 
 ADMIN = ["--url", "{url}", "--token", "{token}"]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -11,9 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from support import NOTEBOOKOS, REPO, Platform, free_port, processes_of, start_platform, stop_platform
+from support import NOTEBOOKOS, REPO, Platform, free_port, processes_of, start_platform, stop_platform, wait_for
 
-from jupyter_notebookos.client import GatewayClient
+from jupyter_notebookos.client import GatewayClient, GatewayError
 
 
 def run_cli(*args: str, timeout: float = 60.0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -41,6 +43,33 @@ def test_cluster_lists_the_configured_hosts_and_gpus(tmp_path: Path) -> None:
         assert len(as_json["hosts"]) == 3
     finally:
         stop_platform(platform)
+
+
+def test_the_notebookos_kernel_is_the_default_and_comes_in_1_2_and_4_gpus(shared_up: Platform) -> None:
+    """Clients preselect the gateway's default kernel (JupyterLab's kernel picker, a new notebook): NotebookOS's.
+    Each GPU count is a kernelspec of its own, with a logo, so a user picks it from the UI."""
+    client = shared_up.client
+    specs = client.request("GET", "/api/kernelspecs")
+    assert specs["default"] == "python3-notebookos"
+    for name, gpus, display in (
+        ("python3-notebookos", 1, "Python 3 (NotebookOS)"),
+        ("python3-notebookos-2gpus", 2, "Python 3 (NotebookOS, 2 GPUs)"),
+        ("python3-notebookos-4gpus", 4, "Python 3 (NotebookOS, 4 GPUs)"),
+    ):
+        spec = specs["kernelspecs"][name]
+        assert spec["spec"]["display_name"] == display
+        assert {"logo-32x32", "logo-64x64", "logo-svg"} <= set(spec["resources"]), spec["resources"]
+        logo = client.http.get(shared_up.url + spec["resources"]["logo-64x64"], timeout=10)
+        assert logo.status_code == 200 and logo.content[:4] == b"\x89PNG"
+        if gpus > 2:  # this platform's hosts have 2 GPUs: the refusal names what the kernelspec asked for
+            with pytest.raises(GatewayError, match=f"asks for {gpus} GPUs but the largest host has 2"):
+                client.start_kernel(name)
+            continue
+        kernel_id = client.start_kernel(name)
+        try:
+            assert client.notebookos_kernel(kernel_id)["gpus"] == gpus
+        finally:
+            client.shutdown_kernel(kernel_id)
 
 
 def test_plain_kernel_runs_through_rest_and_websocket(shared_up: Platform) -> None:
@@ -176,6 +205,48 @@ def test_status_without_a_platform_says_so(tmp_path: Path) -> None:
     assert "no running `notebookos up`" in result.stderr
     unreachable = run_cli("status", "--url", f"http://127.0.0.1:{free_port()}")
     assert unreachable.returncode == 1 and "cannot reach the gateway" in unreachable.stderr
+
+
+def test_the_startup_output_gives_commands_and_urls_that_work_as_printed(shared_up: Platform) -> None:
+    """What `notebookos up` prints is what a new user copies: each command runs as printed from the directory
+    `up` was started in (its console script is not on the PATH: .venv/bin), and the dashboard's URL opens it."""
+    said = wait_for(lambda: "Dashboard:" in (text := shared_up.log.read_text()) and text, 30, "the URLs")
+    printed = dict(re.findall(r"^(\w[\w ]*?): +(.+)$", said, re.MULTILINE))
+    status = subprocess.run(printed["Status"], shell=True, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert status.returncode == 0 and "host-3" in status.stdout, (printed["Status"], status.stderr)
+    assert printed["Stop"].startswith("Ctrl-C, or ") and printed["Stop"].split("or ", 1)[1].endswith(
+        f"down --state-dir {shared_up.state_dir}"
+    )
+    dashboard = requests.get(printed["Dashboard"], timeout=30)
+    assert printed["Dashboard"] == f"{shared_up.url}/notebookos/?token={shared_up.token}"
+    assert dashboard.status_code == 200 and "NotebookOS cluster" in dashboard.text
+
+
+def test_jupyterlab_opens_a_notebooks_directory_outside_the_source_tree(tmp_path: Path) -> None:
+    """Notebooks a user makes land in ~/notebooks (created), never in the repository `make run` runs from."""
+    from jupyter_notebookos.cli import build_parser
+    from jupyter_notebookos.embedded.platform import EmbeddedPlatform, UpOptions
+
+    assert build_parser().parse_args(["up"]).notebook_dir is None  # so `up` takes UpOptions' own
+    assert UpOptions().notebook_dir == Path.home() / "notebooks"
+    assert "~/notebooks" in subprocess.run([*NOTEBOOKOS, "up", "--help"], capture_output=True, text=True).stdout
+    command = EmbeddedPlatform(UpOptions(notebook_dir=tmp_path / "mine")).lab_command()
+    assert f"--ServerApp.root_dir={tmp_path / 'mine'}" in command
+
+
+def test_the_readme_usage_names_every_option_of_up() -> None:
+    """The README's usage block is where a new user looks (the Hub docs rely on --gateway-option): every option of
+    `notebookos up` is in it, and nothing that is not one."""
+    from jupyter_notebookos.cli import build_parser
+
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("## Using it", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    up_lines = block.split(".venv/bin/notebookos status", 1)[0]
+    shown = set(re.findall(r"--[a-z][a-z-]*", up_lines))
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    options = {o for a in sub.choices["up"]._actions for o in a.option_strings if o.startswith("--")} - {"--help"}
+    assert shown == options, (sorted(options - shown), sorted(shown - options))
 
 
 def test_gateway_client_reports_http_errors(shared_up: Platform) -> None:

@@ -13,8 +13,8 @@ import fcntl
 import json
 import os
 import secrets
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,10 +29,12 @@ from rich.console import Console
 
 from jupyter_notebookos.embedded.etcd import EtcdCluster, EtcdClusterError
 from jupyter_notebookos.embedded.hub import ENV_HUB_STATE_DIR, EmbeddedHub, HubSetupError
-from jupyter_notebookos.embedded.ports import exclude, free_port
+from jupyter_notebookos.embedded.ports import exclude, free_port, is_free
 from jupyter_notebookos.launchers.hostnet import HostNetwork, HostNetworkError
 
 RUNTIME_FILE = "runtime.json"
+#: JupyterLab's root by default: the user's own notebooks, outside the source tree `make run` starts from.
+NOTEBOOK_DIR = Path.home() / "notebooks"
 #: A child that exits this many times within the window is not restarted again.
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 60.0
@@ -53,7 +55,7 @@ class UpOptions:
     lab: bool = True
     etcd_members: int = 1
     state_dir: Path = field(default_factory=lambda: Path(".state"))
-    notebook_dir: Path = field(default_factory=Path.cwd)
+    notebook_dir: Path = field(default_factory=lambda: NOTEBOOK_DIR)  # JupyterLab's root (created if missing)
     autoscale: bool = False
     provisioning_delay: float = 30.0
     gateway_options: list[str] = field(default_factory=list)
@@ -72,16 +74,6 @@ def lab_python() -> Path:
     if override:
         return Path(override)
     return Path(sys.prefix).resolve().parent / ".venv-lab" / "bin" / "python"
-
-
-def port_in_use(port: int) -> bool:
-    """Whether something on this machine already listens on 127.0.0.1:``port``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
 
 
 def wait_http(url: str, *, process: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
@@ -171,7 +163,9 @@ class EmbeddedPlatform:
                 raise PlatformError(str(err)) from None
         exclude(*(port for _, port in self._ports()))  # promised to our services: never etcd's
         for name, port in self._ports():
-            if port and port_in_use(port):
+            # is_free binds with SO_REUSEADDR, as the services will: the last run's connections in TIME_WAIT do
+            # not make a port busy (without it, a restart soon after a stop was refused half the time).
+            if port and not is_free(port):
                 raise PlatformError(
                     f"port {port} ({name}) is already in use on 127.0.0.1; choose another with "
                     f"--{name.replace(' ', '-')} or stop what uses it"
@@ -220,8 +214,9 @@ class EmbeddedPlatform:
         self.console.print(f"gateway: {self.gateway_url} (log {gateway_log})")
 
         if opts.lab:
+            opts.notebook_dir.mkdir(parents=True, exist_ok=True)
             lab_log = self.state_dir / "jupyterlab.log"
-            lab = self._spawn("jupyterlab", self._lab_command(), self._lab_env(), lab_log)
+            lab = self._spawn("jupyterlab", self.lab_command(), self._lab_env(), lab_log)
             wait_http(f"{self.lab_url}/api", process=lab, timeout=opts.start_timeout, log=lab_log)
             self.console.print(f"jupyterlab: {self.lab_url} (log {lab_log})")
         if self.hub is not None:
@@ -294,7 +289,7 @@ class EmbeddedPlatform:
             child = self._spawn(name, self.hub.command(), self.hub.env(), log)
             url = ""
         else:
-            child = self._spawn(name, self._lab_command(), self._lab_env(), log)
+            child = self._spawn(name, self.lab_command(), self._lab_env(), log)
             url = f"{self.lab_url}/api"
         self.children = sorted(self.children, key=lambda item: ["gateway", "jupyterlab", "jupyterhub"].index(item[0]))
         try:
@@ -427,7 +422,8 @@ class EmbeddedPlatform:
             env["NOTEBOOKOS_HUB_API_URL"] = self.hub.api_url
         return env
 
-    def _lab_command(self) -> list[str]:
+    def lab_command(self) -> list[str]:
+        """How JupyterLab is started: from ``.venv-lab``, its root the notebook dir, its kernels the gateway's."""
         opts = self.options
         return [
             str(lab_python()),
@@ -503,19 +499,27 @@ class EmbeddedPlatform:
         if self.hub is not None:
             rows.append(("JupyterHub", f"{self.hub.url}/hub/login"))
             rows += [(f"  user {user}", f"password {password}") for user, password in self.hub.passwords.items()]
-        rows.append(("Status", f"notebookos status --state-dir {self.state_dir}"))
+        rows.append(("Dashboard", f"{self.gateway_url}/notebookos/?token={self.token}"))  # the admin's
+        if self.options.lab:
+            rows.append(("Notebooks", str(self.options.notebook_dir.resolve())))
+        cli = notebookos_command()
+        state = "" if self.state_dir == Path(".state").resolve() else f" --state-dir {self.state_dir}"
+        rows.append(("Status", f"{cli} status{state}"))
+        rows.append(("Stop", f"Ctrl-C, or {cli} down{state}"))
         for label, value in rows:
             self.console.print(f"[bold]{label + ':':<15}[/] {value}", soft_wrap=True, markup=True, highlight=False)
         if self.hub is not None:
             self.console.print(
                 "Open the JupyterHub URL, log in as one of the users above (passwords are kept in "
-                f"{self.hub.passwords_file}) and pick the [bold]Python 3 (NotebookOS)[/] kernel. Each user's "
-                "server reaches the gateway with that user's own JupyterHub token. Ctrl-C stops all.",
+                f"{self.hub.passwords_file}); new notebooks get the [bold]Python 3 (NotebookOS)[/] kernel (1 GPU per "
+                "cell; the kernel picker has 2 and 4). Each user's server reaches the gateway with that user's own "
+                "JupyterHub token. Ctrl-C stops all.",
                 soft_wrap=True,
             )
         elif self.options.lab:
             self.console.print(
-                "Open the JupyterLab URL and pick the [bold]Python 3 (NotebookOS)[/] kernel. Ctrl-C stops all.",
+                "Open the JupyterLab URL: new notebooks get the [bold]Python 3 (NotebookOS)[/] kernel (1 GPU per cell; "
+                "the kernel picker has 2 and 4). Ctrl-C stops all.",
                 soft_wrap=True,
             )
         else:
@@ -526,6 +530,21 @@ class EmbeddedPlatform:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._stopping = True
+
+
+def notebookos_command() -> str:
+    """How to run this installation's ``notebookos`` from the directory `notebookos up` was started in: plain
+    ``notebookos`` when the PATH finds this one, else the console script beside this Python by a path that works
+    as typed (``.venv/bin/notebookos`` from the checkout), else ``python -m`` of the CLI."""
+    script = Path(sys.executable).parent / "notebookos"
+    if not script.exists():
+        return f"{sys.executable} -m jupyter_notebookos.cli"
+    found = shutil.which("notebookos")
+    if found and Path(found).resolve() == script.resolve():
+        return "notebookos"
+    with contextlib.suppress(ValueError):
+        return str(script.absolute().relative_to(Path.cwd()))
+    return str(script.absolute())
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from jupyter_notebookos.simulator.metrics import PolicyMetrics
+
+
+def _wrapped(title: str, figure: Any, fontsize: float) -> str:
+    """``title`` in lines that fit ``figure``'s width at ``fontsize`` points (an average glyph is about 0.6 em;
+    tight_layout then makes room for the lines)."""
+    characters = int(figure.get_figwidth() * 72 / (fontsize * 0.6))
+    return "\n".join(textwrap.wrap(title, characters))
 
 
 def write_plots(runs: dict[str, PolicyMetrics], directory: str | Path, title: str, prefix: str = "") -> list[Path]:
@@ -40,7 +49,7 @@ def write_plots(runs: dict[str, PolicyMetrics], directory: str | Path, title: st
         ax.set_title(name, fontsize=10, loc="left")
         ax.legend(loc="upper right", fontsize=8)
     axes[-1, 0].set_xlabel("hours since window start")
-    fig.suptitle(f"Provisioned vs busy GPUs: {title}", fontsize=10)
+    fig.suptitle(_wrapped(f"Provisioned vs busy GPUs: {title}", fig, 10), fontsize=10)
     fig.tight_layout()
     path = out / f"{prefix}gpus_over_time.png"
     fig.savefig(path, dpi=80)
@@ -60,7 +69,7 @@ def write_plots(runs: dict[str, PolicyMetrics], directory: str | Path, title: st
     ax.axvline(1.0, color="grey", linestyle=":", linewidth=0.8)
     ax.axvline(10.0, color="grey", linestyle="--", linewidth=0.8)
     ax.legend(fontsize=8)
-    ax.set_title(f"Cell delay CDF: {title}", fontsize=10)
+    ax.set_title(_wrapped(f"Cell delay CDF: {title}", fig, 10), fontsize=10)
     fig.tight_layout()
     path = out / f"{prefix}delay_cdf.png"
     fig.savefig(path, dpi=80)

@@ -5,25 +5,31 @@ from __future__ import annotations
 import json
 from typing import Any, TextIO
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
+
+from jupyter_notebookos.terminal import fitted_table, narrowest
 
 
 def result_document(
     start_hour: float,
     hours: float,
-    sessions: int,
+    sessions: tuple[int, int],
     tasks: int,
     summaries: dict[str, dict[str, Any]],
     saved: dict[str, float],
     model: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The `--json` object: window, model, per-policy figures and the saving against Reservation."""
+    """The `--json` object: window, model, per-policy figures and the saving against Reservation. ``sessions``: the
+    window's (trace) sessions and kernels (more: the idle culler's model starts a kernel again for a session's cell
+    after a long gap)."""
     return {
         "window": {
             "start_hour": round(start_hour, 4),
             "hours": round(hours, 4),
-            "sessions": sessions,
+            "sessions": sessions[0],
+            "kernels": sessions[1],
             "tasks": tasks,
         },
         "model": model or {},
@@ -37,50 +43,51 @@ def write_json(document: dict[str, Any], out: TextIO) -> None:
     out.write(json.dumps(document, sort_keys=False) + "\n")
 
 
+def _policies_as_rows(title: str, caption: str, policies: list[str], figures: list[tuple[str, list[str]]]) -> Table:
+    """One row per policy, one column per figure (headers wrap at spaces, figures never)."""
+    rows = [[name, *(values[index] for _, values in figures)] for index, name in enumerate(policies)]
+    labels = [label for label, _ in figures]
+    return fitted_table(["policy", *labels], rows, right=labels, title=title, caption=caption, box=box.SIMPLE_HEAD)
+
+
+def _figures_as_rows(title: str, caption: str, policies: list[str], figures: list[tuple[str, list[str]]]) -> Table:
+    """The same figures turned: one row per figure, one column per policy (for a narrow terminal)."""
+    rows = [[label, *values] for label, values in figures]
+    return fitted_table(["", *policies], rows, right=policies, title=title, caption=caption, box=box.SIMPLE_HEAD)
+
+
 def write_table(
     document: dict[str, Any], console: Console, title: str = "", late: dict[str, dict[str, int]] | None = None
 ) -> None:
     """Print the run as a table: one row per policy; then, per policy, what cells over 1 s waited for."""
     window = document["window"]
+    restarted = window["kernels"] - window["sessions"]
+    kernels = f" ({window['kernels']} kernels: {restarted} started again after the idle culler)" if restarted else ""
     caption = (
-        f"window: hour {window['start_hour']:g} + {window['hours']:g} h, {window['sessions']} sessions, "
+        f"window: hour {window['start_hour']:g} + {window['hours']:g} h, {window['sessions']} sessions{kernels}, "
         f"{window['tasks']} tasks; delay = submission to start of execution"
     )
-    table = Table(title=title or "notebookos simulate", caption=caption)
-    headers = (
-        "policy",
-        "provisioned GPU-h",
-        "busy GPU-h",
-        "util.",
-        "saved vs resv.",
-        "delay p50 s",
-        "p95 s",
-        "p99 s",
-        "max s",
-        "<= 1 s",
-        "migrations",
-        "scale out/in",
-    )
-    for column in headers:
-        table.add_column(column, justify="left" if column == "policy" else "right")
     saved = document["saved_gpu_hours_vs_reservation"]
-    for name, p in document["policies"].items():
-        d = p["delay_s"]
-        table.add_row(
-            name,
-            f"{p['provisioned_gpu_hours']:,.0f}",
-            f"{p['busy_gpu_hours']:,.0f}",
-            f"{100 * p['utilization']:.1f} %",
-            f"{saved[name]:,.0f}" if name in saved else "-",
-            f"{d['p50']:.2f}",
-            f"{d['p95']:.2f}",
-            f"{d['p99']:.1f}",
-            f"{d['max']:.0f}",
-            f"{100 * p['immediate_fraction']:.1f} %",
-            str(p["migrations"]),
-            f"{p['scale_outs']}/{p['scale_ins']}",
-        )
+    policies = document["policies"]
+    figures: list[tuple[str, list[str]]] = [
+        ("provisioned GPU-h", [f"{p['provisioned_gpu_hours']:,.0f}" for p in policies.values()]),
+        ("busy GPU-h", [f"{p['busy_gpu_hours']:,.0f}" for p in policies.values()]),
+        ("util.", [f"{100 * p['utilization']:.1f} %" for p in policies.values()]),
+        ("saved vs resv.", [f"{saved[name]:,.0f}" if name in saved else "-" for name in policies]),
+        ("delay p50 s", [f"{p['delay_s']['p50']:.2f}" for p in policies.values()]),
+        ("p95 s", [f"{p['delay_s']['p95']:.2f}" for p in policies.values()]),
+        ("p99 s", [f"{p['delay_s']['p99']:.1f}" for p in policies.values()]),
+        ("max s", [f"{p['delay_s']['max']:.0f}" for p in policies.values()]),
+        ("<= 1 s", [f"{100 * p['immediate_fraction']:.1f} %" for p in policies.values()]),
+        ("migrations", [str(p["migrations"]) for p in policies.values()]),
+        ("scale out/in", [f"{p['scale_outs']}/{p['scale_ins']}" for p in policies.values()]),
+    ]
+    table = _policies_as_rows(title or "notebookos simulate", caption, list(policies), figures)
+    if narrowest(table) > console.width:
+        table = _figures_as_rows(title or "notebookos simulate", caption, list(policies), figures)
     console.print(table)
+    if document.get("why_notebookos_bills_more"):
+        console.print(document["why_notebookos_bills_more"], highlight=False)
     for name, causes in (late or {}).items():
         if causes:
             ranked = sorted(causes.items(), key=lambda kv: -kv[1])

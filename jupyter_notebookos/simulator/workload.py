@@ -72,6 +72,12 @@ class Session:
             end_s=max(t.end_s for t in tasks),
         )
 
+    @property
+    def trace_session_id(self) -> str:
+        """The trace session this kernel is of: itself, or for a kernel started again after the idle culler
+        (``resumed``; `culling` names it ``<trace session>.<n>``) the session it continues."""
+        return self.session_id.rpartition(".")[0] if self.resumed else self.session_id
+
     def with_life(self, start_s: float, end_s: float) -> Session:
         """The same session with another life interval."""
         return replace(self, start_s=start_s, end_s=end_s)

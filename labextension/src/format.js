@@ -48,14 +48,45 @@ export function waitSentence(wait) {
   return parts.join(', ');
 }
 
-/** The cell footer's line, from execute_reply.metadata.notebookos. */
+/** "1 GPU (device 0)", "2 GPUs (devices 0, 1)", "no GPU": the devices a cell had, by their ordinals. */
+export function devices(ordinals) {
+  if (!ordinals.length) {
+    return 'no GPU';
+  }
+  const label = ordinals.length === 1 ? 'device' : 'devices';
+  return `${gpus(ordinals.length)} (${label} ${ordinals.join(', ')})`;
+}
+
+/**
+ * The cell footer's line, from execute_reply.metadata.notebookos; null for a cell that shows none. A cell
+ * aborted behind a failed one never ran and gets none (as with a plain kernel); a cell answered before it
+ * reached a replica (interrupted while it waited for GPUs) says so, with how long it waited.
+ */
 export function footerLine(info) {
-  const devices = Array.isArray(info.gpus) ? info.gpus : [];
-  const used = devices.length ? `${gpus(devices.length)} (${devices.join(', ')})` : 'no GPU';
-  const where = `replica ${replicaName(info.replica ?? '?')} on ${info.host ?? '?'}`;
-  const parts = [used, where, `queued ${duration(Number(info.queued_ms) || 0)}`];
+  if (info.aborted) {
+    return null;
+  }
+  const queued = `queued ${duration(Number(info.queued_ms) || 0)}`;
+  if (info.replica == null) {
+    return `did not run · ${queued}`;
+  }
+  const used = devices(Array.isArray(info.gpus) ? info.gpus : []);
+  const parts = [used, `replica ${replicaName(info.replica)} on ${info.host}`, queued];
   if (Number(info.attempt) > 1) {
     parts.push(`attempt ${info.attempt}`);
   }
   return parts.join(' · ');
+}
+
+/**
+ * The footer of a cell that is running, from the kernel's summary (GET /notebookos/kernels/{id}) when it says
+ * the kernel runs a cell: "running · 1 GPU · replica r1 on host-2"; just "running" until it does.
+ */
+export function runningLine(summary) {
+  if (!summary || summary.state !== 'running' || summary.executor == null) {
+    return 'running';
+  }
+  const executor = summary.replicas.find((r) => r.replica_id === summary.executor);
+  const where = `replica ${replicaName(summary.executor)}` + (executor ? ` on ${executor.host}` : '');
+  return ['running', gpus(summary.gpus), where].join(' · ');
 }

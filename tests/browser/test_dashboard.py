@@ -109,3 +109,24 @@ def test_dashboard_shows_the_numbers_of_the_cluster_api(shared_up: Platform, bro
     finally:
         conn.close()
         client.shutdown_kernel(kernel_id)
+
+
+def test_without_a_token_the_page_asks_for_it_and_a_reload_keeps_the_dashboard(
+    shared_up: Platform, browser: Browser
+) -> None:
+    """A new user opens /notebookos/ as a link without its token: a page says why and asks for it (not the API's
+    JSON). The token given there opens the dashboard, which takes it out of the address; a reload keeps it open."""
+    driver: Any = browser.driver
+    driver.get(f"{shared_up.url}/notebookos/")
+    assert "needs a token" in driver.find_element("id", "reason").text
+    assert "{" not in driver.find_element("tag name", "body").text[:1]  # a page, not JSON
+    driver.find_element("id", "token").send_keys(shared_up.token + "\n")
+    wait_for(lambda: driver.execute_script(_PAGE_NUMBERS)["refreshes"] >= 1, 30, "the dashboard after the token")
+    assert "token=" not in driver.current_url
+    driver.refresh()
+    wait_for(lambda: driver.execute_script(_PAGE_NUMBERS)["refreshes"] >= 1, 30, "the dashboard after a reload")
+    assert "token=" not in driver.current_url and driver.find_elements("id", "totals")
+
+    driver.execute_script("sessionStorage.clear()")
+    driver.get(f"{shared_up.url}/notebookos/?token=not-the-token")
+    assert "unknown token" in driver.find_element("id", "reason").text.lower()

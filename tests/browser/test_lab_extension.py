@@ -278,6 +278,54 @@ def cell_state(browser: Browser, index: int) -> dict[str, Any]:
 
 
 @pytest.mark.browser
+def test_lab_preselects_the_notebookos_kernel_and_shows_its_logo(lab: Service, workdir: Path) -> None:
+    """File > New > Notebook starts "Python 3 (NotebookOS)" (the gateway's default kernel) without asking where Lab
+    used to ask with "Python 3 (ipykernel)" selected; the kernel picker offers the 2- and 4-GPU kernels too, and the
+    launcher puts NotebookOS first, with its logo rather than a letter."""
+    chromium = start_browser(workdir / "chromium-picker")
+    try:
+        driver: Any = chromium.driver
+        driver.get(f"{lab.url}/lab/workspaces/nbos-picker?reset&token={lab.token}")
+        assert driver.execute_async_script(WAIT_FOR_LAB) is True
+        driver.execute_script("window.jupyterapp.commands.execute('launcher:create')")
+        cards = wait_until(lambda: driver.execute_script(_LAUNCHER_CARDS), 20, "the launcher's cards")
+        notebooks = [c for c in cards if c["category"] == "Notebook"]
+        assert notebooks[0]["label"] == "Python 3 (NotebookOS)", cards
+        ours = [c for c in notebooks if "NotebookOS" in c["label"]]
+        assert len(ours) == 3 and all(c["logo"] and "/logo-" in c["logo"] for c in ours), cards
+        wait_until(lambda: all(driver.execute_script(_LAUNCHER_LOGOS_LOADED)), 10, "the logos to load")
+        screenshot(chromium, "lab-launcher-notebookos-kernels")
+        started = driver.execute_async_script(_NEW_NOTEBOOK_AND_ITS_PICKER)
+        assert started["dialogOnCreate"] is None and started["kernel"] == KERNEL, started
+        assert started["selected"] == {"id": started["kernelId"]}, started  # the picker marks the kernel it runs
+        assert {"Python 3 (NotebookOS, 2 GPUs)", "Python 3 (NotebookOS, 4 GPUs)"} <= set(started["options"]), started
+    finally:
+        chromium.quit()
+
+
+def status_item(browser: Browser) -> dict[str, Any] | None:
+    """The kernel item as shown (its text and replicas), or None while it is empty."""
+    shown: dict[str, Any] | None = browser.driver.execute_script(_STATUS_ITEM)  # type: ignore[attr-defined]
+    return shown
+
+
+@pytest.mark.browser
+def test_the_status_item_shows_a_new_kernel_before_its_first_cell(page: Browser) -> None:
+    """A notebook just opened on a NotebookOS kernel: its replicas are there before the user runs anything."""
+    ran = page.driver.execute_script(  # type: ignore[attr-defined]
+        "return window.__nbosPanel.content.widgets.map((c) => c.model.executionCount)"
+    )
+    assert ran == [None], "a cell ran already: this test must come first"
+    status = wait_until(
+        lambda: (s := status_item(page)) and len(s["replicas"]) == 3 and s,
+        20,
+        "the status bar to list the new kernel's 3 replicas",
+        seen=lambda: page.driver.execute_script(_STATUS_ITEM_DEBUG),  # type: ignore[attr-defined]
+    )
+    assert status["text"].startswith("NotebookOS") and "executor" in status["text"]
+
+
+@pytest.mark.browser
 def test_cell_footer_and_status_bar_show_where_the_cell_ran(page: Browser, client: GatewayClient) -> None:
     index = run_cell(page, "print(6 * 7)")
     state = wait_until(
@@ -290,7 +338,7 @@ def test_cell_footer_and_status_bar_show_where_the_cell_ran(page: Browser, clien
     assert (footer["replica"], footer["host"]) == (meta["replica"], meta["host"])
     assert float(footer["queuedMs"]) == meta["queued_ms"]
     assert f"replica r{meta['replica']} on {meta['host']}" in footer["text"] and "queued" in footer["text"]
-    assert footer["text"].startswith(f"1 GPU ({meta['gpus'][0]})")
+    assert footer["text"].startswith(f"1 GPU (device {meta['gpus'][0]})")
 
     summary = client.notebookos_kernel(state["kernelId"])
     expected = sorted((r["replica_id"], r["host"]) for r in summary["replicas"])
@@ -337,6 +385,91 @@ def test_a_cell_waiting_for_gpus_shows_the_notice_then_its_output(
     assert state["outputs"] == ["my turn"] and state["notice"] is None
     assert state["footer"]["host"] == host and float(state["footer"]["queuedMs"]) > 1000
     screenshot(page, "lab-cell-after-waiting")
+
+
+def interrupt(browser: Browser) -> None:
+    """Kernel > Interrupt, as Lab's menu does it."""
+    done = browser.driver.execute_async_script(_KERNEL_ACTION, "interrupt")  # type: ignore[attr-defined]
+    assert done is True, done
+
+
+@pytest.mark.browser
+def test_an_interrupted_waiting_cell_and_the_one_aborted_behind_it_claim_no_replica(
+    page: Browser, kernels: tuple[Blockers, KernelConnection]
+) -> None:
+    """Neither reached a replica: the interrupted one says it did not run and how long it waited, the aborted one
+    shows no footer (as a plain kernel shows nothing for it)."""
+    blockers, _ = kernels
+    with blockers.holding():
+        waiting = run_cell(page, "print('never')")
+        wait_until(lambda: cell_state(page, waiting)["notice"], 20, "the waiting notice")
+        behind = run_cell(page, "print('never either')")
+        interrupt(page)
+        first = wait_until(lambda: (s := cell_state(page, waiting))["reply"] and s, 30, "the interrupted cell's reply")
+        second = wait_until(lambda: (s := cell_state(page, behind))["reply"] and s, 30, "the aborted cell's reply")
+    assert first["reply"]["notebookos"]["replica"] is None and second["reply"]["notebookos"]["aborted"] is True
+    footer = first["footer"]
+    assert footer is not None and footer["ran"] == "false", first
+    assert footer["text"].startswith("did not run · queued ") and "?" not in footer["text"], footer
+    assert float(footer["queuedMs"]) == first["reply"]["notebookos"]["queued_ms"]
+    assert second["footer"] is None, second
+    assert first["notice"] is None and "never" not in " ".join(first["outputs"] + second["outputs"])
+
+
+@pytest.mark.browser
+def test_a_running_cell_shows_where_it_runs(page: Browser, client: GatewayClient, workdir: Path) -> None:
+    flag = workdir / "flags" / f"release-running-{secrets.token_hex(4)}"
+    index = run_cell(page, f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n    time.sleep(0.02)")
+    try:
+        running = wait_until(
+            lambda: (
+                (s := cell_state(page, index))["footer"]
+                and s["footer"].get("running")
+                and " on " in s["footer"]["text"]
+                and s
+            ),
+            20,
+            "the running cell's footer to name its replica and host",
+            seen=lambda: cell_state(page, index),
+        )
+        summary = client.notebookos_kernel(running["kernelId"])
+        assert summary["state"] == "running"
+        host = next(r["host"] for r in summary["replicas"] if r["replica_id"] == summary["executor"])
+        assert running["footer"]["text"] == f"running · 1 GPU · replica r{summary['executor']} on {host}"
+    finally:
+        flag.touch()
+    done = wait_until(lambda: (s := cell_state(page, index))["reply"] and s["footer"] and s, 30, "the cell's reply")
+    assert "running" not in done["footer"] and done["footer"]["text"].startswith("1 GPU (device ")
+
+
+@pytest.mark.browser
+def test_the_status_item_comes_back_after_a_kernel_restart(page: Browser) -> None:
+    """The kernel keeps its id through a restart, while the gateway briefly answers 404 for it (its replicas are
+    started again). The page stretches that 404 to 3 s past the restart, longer than a poll of the item, so the
+    item surely sees it; it must show the kernel again once the gateway does."""
+    driver: Any = page.driver
+    wait_until(lambda: status_item(page), 20, "the status item before the restart")
+    kernel_id = driver.execute_script("return window.__nbosPanel.sessionContext.session.kernel.id")
+    driver.execute_script(_GATEWAY_FORGETS_THE_KERNEL, kernel_id)
+    try:
+        assert driver.execute_async_script(_KERNEL_ACTION, "restart") is True
+        wait_until(lambda: driver.execute_script("return window.__nbosForgotten > 0"), 10, "the item to see a 404")
+        wait_until(lambda: not status_item(page), 10, "the item to hide while the kernel is unknown")
+    finally:
+        driver.execute_script("window.__nbosForget = Date.now() + 3000")
+    assert driver.execute_script("return window.__nbosPanel.sessionContext.session.kernel.id") == kernel_id
+    time.sleep(3)
+    status = wait_until(
+        lambda: (s := status_item(page)) and len(s["replicas"]) == 3 and s,
+        20,
+        "the status item to show the restarted kernel again",
+        seen=lambda: driver.execute_script(_STATUS_ITEM_DEBUG),
+    )
+    assert status["text"].startswith("NotebookOS")
+    index = run_cell(page, "print('after the restart')")
+    wait_until(
+        lambda: (s := cell_state(page, index))["footer"] and "after the restart" in s["outputs"], 30, "a cell to run"
+    )
 
 
 @pytest.mark.browser
@@ -468,5 +601,97 @@ return {
   status: panel.sessionContext.kernelDisplayStatus,
   cells: panel.content.widgets.map((c) => [c.model.sharedModel.getSource(), c.model.executionCount, c.model.id]),
   outputs: panel.content.widgets.map((c) => (c.node.querySelector('.jp-OutputArea') || {}).innerHTML),
+};
+"""
+
+# File > New > Notebook (no kernel named): the kernel it starts, or the dialog that asks instead; then Kernel >
+# Change Kernel: what its picker selects (its option's value) and offers (cancelled). The notebook's kernel is shut
+# down at the end.
+_NEW_NOTEBOOK_AND_ITS_PICKER = """
+const done = arguments[arguments.length - 1];
+const app = window.jupyterapp;
+const dialogSelect = () => document.querySelector('.jp-Dialog select');
+const until = (check) => new Promise((resolve) => {
+  const started = Date.now();
+  (function poll() {
+    const value = check();
+    if (value || Date.now() - started > 30000) resolve(value);
+    else setTimeout(poll, 100);
+  })();
+});
+(async () => {
+  const panel = await app.commands.execute('notebook:create-new');
+  const result = {};
+  const first = await until(() => dialogSelect() || (panel.sessionContext.session?.kernel && 'kernel'));
+  if (first !== 'kernel') {
+    result.dialogOnCreate = first ? first.options[first.selectedIndex].text : 'nothing within 30 s';
+    document.querySelector('.jp-Dialog .jp-mod-reject')?.click();
+    return done(result);
+  }
+  result.dialogOnCreate = null;
+  result.kernel = panel.sessionContext.session.kernel.name;
+  await panel.sessionContext.ready;
+  await app.serviceManager.kernels.refreshRunning();  // (the picker marks the running kernel from this list)
+  app.commands.execute('kernelmenu:change');
+  const select = await until(dialogSelect);
+  result.selected = select ? JSON.parse(select.value) : null;
+  result.kernelId = panel.sessionContext.session.kernel.id;
+  result.options = select ? Array.from(select.options).map((o) => o.text) : [];
+  document.querySelector('.jp-Dialog .jp-mod-reject')?.click();
+  await panel.sessionContext.shutdown();
+  panel.dispose();
+  done(result);
+})().catch((e) => done({error: String(e)}));
+"""
+
+# The launcher's cards: section, label and logo.
+_LAUNCHER_CARDS = """
+return Array.from(document.querySelectorAll('.jp-Launcher-section')).flatMap((section) => {
+  const category = section.querySelector('.jp-Launcher-sectionTitle').innerText.trim();
+  return Array.from(section.querySelectorAll('.jp-LauncherCard')).map((card) => {
+    const img = card.querySelector('img');
+    return {category, label: card.querySelector('.jp-LauncherCard-label').innerText.trim(),
+            logo: img ? img.getAttribute('src') : null};
+  });
+});
+"""
+
+# Whether each launcher card's logo image has loaded (a letter is shown where a kernelspec has none).
+_LAUNCHER_LOGOS_LOADED = """
+return Array.from(document.querySelectorAll('.jp-LauncherCard img')).map((img) => img.complete && img.naturalWidth > 0);
+"""
+
+# Lab's Kernel menu: interrupt or restart (without the confirmation dialog) the notebook's kernel.
+_KERNEL_ACTION = """
+const done = arguments[arguments.length - 1];
+const kernel = window.__nbosPanel.sessionContext.session.kernel;
+(arguments[0] === 'restart' ? kernel.restart() : kernel.interrupt()).then(() => done(true), (e) => done(String(e)));
+"""
+
+# The gateway during a restart, slowed down: GET /notebookos/kernels/<id> answers 404 from now until
+# window.__nbosForget (a time; until then: for good), counted in window.__nbosForgotten.
+_GATEWAY_FORGETS_THE_KERNEL = """
+const kernelId = arguments[0];
+const fetchBefore = window.fetch;
+window.__nbosForget = Infinity;
+window.__nbosForgotten = 0;
+window.fetch = (input, init) => {
+  const url = typeof input === 'string' ? input : input.url;
+  if (url.includes('/notebookos/kernels/' + kernelId) && Date.now() < window.__nbosForget) {
+    window.__nbosForgotten += 1;
+    return Promise.resolve(new Response('{"message": "no NotebookOS kernel"}', {status: 404}));
+  }
+  return fetchBefore(input, init);
+};
+"""
+
+# Why the kernel item is empty, for a failure message.
+_STATUS_ITEM_DEBUG = """
+const panel = window.__nbosPanel;
+const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
+const item = document.querySelector('.jp-nbos-KernelStatus');
+return {
+  kernel: kernel && [kernel.id, kernel.name, kernel.status, kernel.connectionStatus],
+  item: item ? item.outerHTML : null, hidden: document.hidden,
 };
 """

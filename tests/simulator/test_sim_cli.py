@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,14 @@ def test_json_is_exactly_one_object_in_the_issue_schema(capsys):
     out = capsys.readouterr().out
     document = json.loads(out)
     assert out.count("\n") == 1
-    assert set(document) == {"window", "model", "policies", "saved_gpu_hours_vs_reservation"}
+    assert set(document) - {"why_notebookos_bills_more"} == {
+        "window",
+        "model",
+        "policies",
+        "saved_gpu_hours_vs_reservation",
+    }
     assert document["model"]["culling"] == "production" and document["model"]["idle_timeout_min"] == 30
-    assert set(document["window"]) == {"start_hour", "hours", "sessions", "tasks"}
+    assert set(document["window"]) == {"start_hour", "hours", "sessions", "kernels", "tasks"}
     assert set(document["policies"]) == {"notebookos", "reservation", "batch"}
     for figures in document["policies"].values():
         assert set(figures) == {
@@ -75,12 +81,74 @@ def test_window_of_a_trace_and_policy_subset(write_csv, capsys):
     assert reservation["busy_gpu_hours"] < 0.1 and reservation["provisioned_gpu_hours"] >= 2 * 8
 
 
+def test_synthetic_hours_are_the_window_and_its_sessions_are_counted_once(capsys):
+    """`--synthetic --sessions 12 --hours 3`: 3 hours measured (not the days the last cells run on), 12 sessions in
+    the title and under the table alike; the kernels the idle culler's model starts again are counted apart."""
+    assert main([*SYNTHETIC, "--json"]) == 0
+    window = json.loads(capsys.readouterr().out)["window"]
+    assert (window["start_hour"], window["hours"], window["sessions"]) == (0, 3, 12)
+    assert window["kernels"] > window["sessions"]
+    assert main(SYNTHETIC) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "sessions=12, hours=3" in out and "hour 0 + 3.0 h" in out
+    restarted = window["kernels"] - 12
+    assert f"hour 0 + 3 h, 12 sessions ({window['kernels']} kernels: {restarted} started again" in out
+
+
+def test_where_notebookos_bills_more_than_reservation_the_output_says_why(capsys):
+    """The ready-host buffer (hosts kept able to start the largest cell at once) costs more than Reservation wastes
+    on a workload this small: one line says so, with the bill measured without it."""
+    assert main([*SYNTHETIC, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["saved_gpu_hours_vs_reservation"]["notebookos"] < 0
+    why = document["why_notebookos_bills_more"]
+    assert why.startswith("NotebookOS bills ") and "keeps 3 hosts ready to start an 8-GPU cell at once" in why
+    assert main([*SYNTHETIC, "--policies", "notebookos", "--ready-host-buffer", "0", "--json"]) == 0
+    lean = json.loads(capsys.readouterr().out)["policies"]["notebookos"]
+    assert f"without them (--ready-host-buffer 0) it bills {lean['provisioned_gpu_hours']:,.0f} GPU-h" in why
+    assert main(SYNTHETIC) == 0
+    assert why in " ".join(capsys.readouterr().out.split())
+    # Where NotebookOS saves (the default synthetic day), nothing to explain.
+    assert main(["--synthetic", "--no-progress", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["saved_gpu_hours_vs_reservation"]["notebookos"] > 0
+    assert "why_notebookos_bills_more" not in document
+
+
 def test_table_output_and_plots(tmp_path: Path, capsys):
     assert main([*SYNTHETIC, "--plot", str(tmp_path / "img")]) == 0
     captured = capsys.readouterr()
     assert "notebookos" in captured.out and "provisioned" in captured.out
     for name in ("gpus_over_time.png", "delay_cdf.png"):
         assert (tmp_path / "img" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_titles_are_not_clipped(tmp_path: Path, capsys):
+    """Each plot's title fits its image: no dark pixel of it at the image's left or right edge."""
+    import numpy as np
+    from PIL import Image
+
+    assert main([*SYNTHETIC, "--plot", str(tmp_path)]) == 0
+    for name in ("gpus_over_time.png", "delay_cdf.png"):
+        pixels = np.asarray(Image.open(tmp_path / name).convert("L"))
+        title = pixels[: pixels.shape[0] // 8]  # the title's band
+        edges = np.concatenate([title[:, :4], title[:, -4:]], axis=1)
+        assert (edges < 200).sum() == 0, f"{name}: the title runs off the image"
+
+
+@pytest.mark.parametrize("columns", [72, 80, 100, 110, 120, 160])
+def test_the_table_fits_the_terminal_without_cutting_a_column(columns: int, capsys, monkeypatch):
+    """At 120 columns, at 80 and between, every header and figure shows whole, in a table no wider than the terminal
+    (turned on its side where one row per policy does not fit)."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich draws for a terminal of that width, as a user sees it
+    monkeypatch.setenv("TTY_INTERACTIVE", "0")
+    assert main(SYNTHETIC) == 0
+    out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # (styles)
+    assert "…" not in out, out
+    assert max(len(line) for line in out.splitlines()) <= columns, out
+    for word in ("notebookos", "reservation", "batch", "provisioned", "migrations", "saved", "p99"):
+        assert word in out, (word, out)
 
 
 @pytest.mark.parametrize(
@@ -109,6 +177,21 @@ def test_malformed_csv_row_is_one_line(tmp_path: Path, capsys):
     assert main(["--trace", str(path), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert "bad.csv:2" in err and err.count("\n") == 0
+
+
+def test_help_states_each_default_once(capsys):
+    """`notebookos simulate --help`: every default as "(default: X)", once; a 0 default too."""
+    from jupyter_notebookos.cli import main as notebookos
+
+    with pytest.raises(SystemExit):
+        notebookos(["simulate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # (argparse wraps lines)
+    repeated = re.findall(r"\(([\w.]+)\) \(default: ([\w.]+)\)", text)
+    assert not [pair for pair in repeated if pair[0] == pair[1] or f"{pair[0]}.0" == pair[1]], repeated
+    assert "(default: [" not in text  # a list shown as Python writes it
+    for option, default in (("--hours HOURS", "24.0"), ("--seed SEED", "0"), ("--warmup-hours", "24.0")):
+        assert re.search(re.escape(option) + r" [^-]*\(default: " + re.escape(default) + r"\)", text), option
+    assert "(default: None)" not in text
 
 
 def test_unknown_policy_is_an_argparse_error(capsys):

@@ -26,6 +26,7 @@ from typing import Any
 
 from enterprise_gateway.enterprisegatewayapp import EnterpriseGatewayApp
 from enterprise_gateway.services.processproxies.processproxy import min_port_range_size
+from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_server.utils import url_path_join
 from tornado import ioloop
 from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default, validate
@@ -53,6 +54,10 @@ except ImportError:  # pragma: no cover - only while the module is being written
 
     def handler_overrides() -> list[tuple[str, type]]:
         return []
+
+
+#: The kernelspec of NotebookOS kernels (1 GPU per cell); ``python3-notebookos-2gpus`` and ``-4gpus`` ask for more.
+NOTEBOOKOS_KERNELSPEC = "python3-notebookos"
 
 
 class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
@@ -96,6 +101,17 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
     @default("stop_kernels_on_shutdown")
     def _stop_kernels_default(self) -> bool:
         return self.launcher == "local"
+
+    @default("default_kernel_name")
+    def _default_kernel_name_default(self) -> str:
+        """EG's ``EG_DEFAULT_KERNEL_NAME`` if set, else NotebookOS's kernelspec where it is installed: the kernel
+        that clients preselect (JupyterLab's kernel picker and launcher, Notebook 7's New menu, a new notebook)
+        is the one this gateway exists for, not the plain ``python3``."""
+        configured = str(super()._default_kernel_name_default())
+        if configured:
+            return configured
+        installed = KernelSpecManager(parent=self).find_kernel_specs()
+        return NOTEBOOKOS_KERNELSPEC if NOTEBOOKOS_KERNELSPEC in installed else ""
 
     @default("port_range")
     def _port_range_default(self) -> str:

@@ -1,6 +1,7 @@
 """The operator dashboard at ``/notebookos/``: one HTML page, its script and style, served by the gateway.
 
-The page is for the gateway's admin (a user gets 403, no token the gateway's usual 401). It polls the JSON API
+The page is for the gateway's admin. A browser without the admin token (no token: 401; a user's: 403) gets a page
+that says why and asks for the token (``login.html``), never the API's JSON error. The dashboard polls the JSON API
 (``/api/notebookos/cluster`` and ``/api/notebookos/events``) with the admin token and draws what those say; the
 numbers it shows come from the API (:func:`cluster_totals` adds the sums), not from arithmetic in the browser.
 Open it as ``http://<gateway>/notebookos/?token=<admin token>``: the page keeps the token for its own requests
@@ -9,6 +10,7 @@ and takes it out of the address bar.
 
 from __future__ import annotations
 
+import html
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -76,12 +78,25 @@ class DashboardHandler(IdentifiedHandlerMixin, JSONErrorsMixin, JupyterHandler):
         return CONTENT_SECURITY_POLICY
 
     async def get(self) -> None:
-        page = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
+        self._page("index.html")
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """Refused (401, 403): a page that says why and asks for the admin token; other errors as EG's JSON."""
+        if status_code not in (401, 403):
+            super().write_error(status_code, **kwargs)
+            return
+        error = kwargs.get("exc_info", (None, None))[1]
+        reason = error.log_message if isinstance(error, web.HTTPError) and error.log_message else "refused"
+        self._page("login.html", reason=reason[:1].upper() + reason[1:] + ".")
+
+    def _page(self, name: str, reason: str = "") -> None:
+        page = (STATIC_DIR / name).read_text(encoding="utf-8")
         base = self.settings.get("base_url", "/")
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.set_header("Cache-Control", "no-store")
         self.set_header("Referrer-Policy", "no-referrer")  # the address may still hold ?token= on first load
-        self.finish(page.replace("{{base_url}}", base.rstrip("/") + "/"))
+        page = page.replace("{{reason}}", html.escape(reason)).replace("{{base_url}}", base.rstrip("/") + "/")
+        self.finish(page)
 
 
 class DashboardRedirectHandler(web.RequestHandler):
