@@ -14,6 +14,7 @@ from pathlib import Path
 
 from jupyter_notebookos import __version__
 from jupyter_notebookos.commands import ENV_GATEWAY_TOKEN, ENV_GATEWAY_URL, CommandError
+from jupyter_notebookos.terminal import DefaultsHelpFormatter
 
 
 def _positive_int(text: str) -> int:
@@ -75,19 +76,6 @@ def _int(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-
-
-class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` shows each option's default, except where there is none or the help says it already."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        default = action.default
-        # `is` for the flags' False: a default of 0 is shown (0 == False).
-        nothing = default is None or default is False or default in ("", [], argparse.SUPPRESS)
-        if nothing or "default" in text:
-            return text
-        return super()._get_help_string(action)
 
 
 def _gateway_arguments(parser: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ values to fit; :func:`narrowest` then says truly whether the table fits, so a ca
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -59,3 +60,16 @@ def fitted_table(
 
 
 __all__ = ["Cell", "fitted_table", "header_width", "narrowest"]
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows each option's default, except where there is none or the help says it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        # `is` for the flags' False: a default of 0 is shown (0 == False).
+        nothing = default is None or default is False or default in ("", [], argparse.SUPPRESS)
+        if nothing or "default" in text:
+            return text
+        return super()._get_help_string(action)

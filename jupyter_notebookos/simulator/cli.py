@@ -563,7 +563,7 @@ def _run(args: argparse.Namespace, err: Console) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Standalone entry point (`python -m jupyter_notebookos.simulator`)."""
-    from jupyter_notebookos.cli import DefaultsHelpFormatter
+    from jupyter_notebookos.terminal import DefaultsHelpFormatter
 
     parser = argparse.ArgumentParser(
         prog="notebookos simulate", description=__doc__.splitlines()[0], formatter_class=DefaultsHelpFormatter
