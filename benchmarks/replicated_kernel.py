@@ -13,7 +13,11 @@ on a shared machine hits both alike:
   reports that it applied the cell's log record (``applied_seq`` in GET /api/notebookos/kernels/{id});
 - trivial-cell latency again with the 100 MB array in the namespace;
 - with ``--auth-compare``: a second platform with etcd auth off, and trivial / binding cells of a NotebookOS
-  kernel there interleaved with the others (what per-kernel etcd users cost per cell).
+  kernel there interleaved with the others (what per-kernel etcd users cost per cell);
+- with ``--busy N``: N kernels of each kind running ``x += 1`` back to back at once, in alternating rounds, and the
+  CPU time each side's processes spent per cell (process CPU time, steadier than wall time on a shared machine):
+  the gateway's own, and the whole platform's (gateway, etcd and the replicas; for plain kernels, the gateway and
+  the kernels).
 
 Prints a table with the ratios (NotebookOS / plain) and the issue's targets. Not a timed test.
 
@@ -29,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
@@ -167,6 +172,74 @@ def wait_applied(client: GatewayClient, kernel_id: str, seq: int, timeout: float
     return float("inf")
 
 
+#: What a process is, for the CPU accounting of ``--busy``: (label, what its command line contains).
+PROCESS_KINDS = (
+    ("gateway", "jupyter_notebookos.gateway"),
+    ("replicas", "jupyter_notebookos.kernel"),
+    ("plain kernels", "ipykernel_launcher"),
+    ("etcd", "etcd"),
+)
+
+
+def cpu_by_kind(state_dir: Path) -> dict[str, float]:
+    """CPU seconds (user + system) each kind of the platform's processes has used so far."""
+    gateway = next((p for p in processes_of(state_dir) if "jupyter_notebookos.gateway" in " ".join(p.cmdline())), None)
+    candidates = {p.pid: p for p in processes_of(state_dir)}
+    if gateway is not None:  # plain kernels carry no trace of the state dir: they are the gateway's children
+        candidates.update({p.pid: p for p in gateway.children(recursive=True)})
+    used = dict.fromkeys((label for label, _ in PROCESS_KINDS), 0.0)
+    for proc in candidates.values():
+        with suppress(psutil.Error):
+            cmdline = " ".join(proc.cmdline())
+            label = next((label for label, marker in PROCESS_KINDS if marker in cmdline), None)
+            if label is not None:
+                times = proc.cpu_times()
+                used[label] += times.user + times.system
+    return used
+
+
+def busy_cpu(client: GatewayClient, state_dir: Path, kernels: int, cells: int, rounds: int) -> dict[str, list[float]]:
+    """``kernels`` kernels of each kind run ``x += 1`` back to back at once (a thread each), ``cells`` cells per kernel
+    per round, the kinds alternating round by round. Returns, per kind, the CPU milliseconds per cell of the gateway
+    and of the whole platform, one figure per round."""
+    started = {name: [start_kernel(client, name)[0] for _ in range(kernels)] for name in (PLAIN, NOTEBOOKOS)}
+    per_cell: dict[str, list[float]] = {f"{name} {part}": [] for name in (PLAIN, NOTEBOOKOS) for part in ("gw", "all")}
+    try:
+        for kernel in (k for ks in started.values() for k in ks):
+            kernel.run("x = 0")
+        for i in range(rounds):
+            for name in (PLAIN, NOTEBOOKOS) if i % 2 == 0 else (NOTEBOOKOS, PLAIN):
+                before = cpu_by_kind(state_dir)
+                threads = [
+                    threading.Thread(target=lambda k=k: [k.run("x += 1") for _ in range(cells)]) for k in started[name]
+                ]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                after = cpu_by_kind(state_dir)
+                spent = {label: after[label] - before[label] for label in after}
+                total = kernels * cells
+                ours = ("gateway", "replicas", "etcd") if name == NOTEBOOKOS else ("gateway", "plain kernels")
+                per_cell[f"{name} gw"].append(spent["gateway"] / total * 1e3)
+                per_cell[f"{name} all"].append(sum(spent[label] for label in ours) / total * 1e3)
+    finally:
+        for kernel in (k for ks in started.values() for k in ks):
+            kernel.close()
+    return per_cell
+
+
+def report_cpu(console: Console, per_cell: dict[str, list[float]], kernels: int) -> None:
+    """The CPU per cell of ``--busy``: medians over the rounds, and the ratios the several-gateways issue targets."""
+    table = Table(title=f"CPU per cell, {kernels} kernels of each kind busy at once (median of the rounds)")
+    for col in ("processes", "plain EG kernel", "NotebookOS", "ratio", "target"):
+        table.add_column(col)
+    for part, title, target in (("gw", "gateway", "<= 1.5x"), ("all", "whole platform", "<= 2x")):
+        plain, ours = (statistics.median(per_cell[f"{name} {part}"]) for name in (PLAIN, NOTEBOOKOS))
+        table.add_row(title, f"{plain:.2f} ms", f"{ours:.2f} ms", f"{ours / plain:.2f}x", target)
+    console.print(table)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer cells and kernels (about a minute)")
@@ -186,6 +259,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also run a platform with etcd auth off, and compare its NotebookOS cells with auth on",
     )
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also measure the CPU per cell with N kernels of each kind busy at once (the issue's figure: 8)",
+    )
+    parser.add_argument("--busy-cells", type=int, default=40, help="cells per kernel per --busy round")
+    parser.add_argument("--busy-rounds", type=int, default=6, help="--busy rounds (the kinds alternate)")
+    parser.add_argument("--busy-only", action="store_true", help="measure --busy alone")
     args = parser.parse_args(argv)
     cells = args.cells or (60 if args.quick else 200)
     starts = args.starts or (2 if args.quick else 4)
@@ -207,6 +290,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             stack.callback(_stop_platform, unauthenticated)
             no_auth = unauthenticated.client
+
+        busy = args.busy or (8 if args.busy_only else 0)
+        if args.busy_only:
+            report_cpu(console, busy_cpu(ours, workdir / "state", busy, args.busy_cells, args.busy_rounds), busy)
+            return 0
 
         # -- kernel start, interleaved ----------------------------------------------------------------
         start_times: dict[str, list[float]] = {PLAIN: [], NOTEBOOKOS: []}
@@ -257,8 +345,11 @@ def main(argv: list[str] | None = None) -> int:
         with_state = {"plain": plain, "notebookos": nos}
         interleaved_latency(with_state, max(20, cells // 4), 5)
         trivial_big = {label: list(k.latencies) for label, k in with_state.items()}
+        cpu = busy_cpu(ours, workdir / "state", busy, args.busy_cells, args.busy_rounds) if busy else None
 
     report(console, trivial, binding, start_times, array_reply, applied, trivial_big, args.start_gap)
+    if cpu is not None:
+        report_cpu(console, cpu, busy)
     if "notebookos, etcd auth off" in trivial:
         report_auth(console, trivial, binding)
     leftovers = processes_of(workdir / "state")
