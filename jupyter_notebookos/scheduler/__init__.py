@@ -80,7 +80,7 @@ from .decisions import (
 )
 from .engine import Scheduler
 from .gputypes import canonical, parse_device_types, parse_wants
-from .pools import HostPool, parse_pools
+from .pools import HostPool, home_pool, parse_pools
 from .prewarm import PrewarmSettings, StandbyWindow, standby_window
 from .queue import QueuedCell
 from .quotas import GroupQuota, Limits, Owner, QuotaExceeded, Quotas, QuotaWait
@@ -137,6 +137,7 @@ __all__ = [
     "UsageRecord",
     "WaitInQueue",
     "canonical",
+    "home_pool",
     "parse_device_types",
     "parse_pools",
     "parse_wants",

@@ -6,6 +6,11 @@ way to start a cell (executor choice, migration...); the dispatcher decides whic
 
 Without owners (or with one user, or fair share off) the order is the queue's own round-robin across
 kernels, exactly as before sharing existed; quotas gate cells in either order.
+
+In fair-share order, GPUs go first to cells that can run **in place** (on a replica's host), and only then, in
+the same order and the same round, to cells that need a migration: a migration holds the GPUs it reserves for
+its whole duration (container start, restore, catch-up: seconds), so taking GPUs another waiting cell could use
+at once serves nobody sooner. A cell past the wait bound may migrate in the first pass.
 """
 
 from __future__ import annotations
@@ -21,8 +26,8 @@ from .queue import CellQueue, QueuedCell
 from .quotas import QuotaExceeded, QuotaWait
 from .sharing import Sharing, Turn, same_user
 
-#: How the engine starts a queued cell: (kernel, cell, now) -> a decision, or why it cannot start now.
-Starter = Callable[[Kernel, QueuedCell, float], RunCell | MigrateThenRun | Blocked]
+#: How the engine starts a queued cell: (kernel, cell, now, whether it may migrate) -> a decision, or why not.
+Starter = Callable[[Kernel, QueuedCell, float, bool], RunCell | MigrateThenRun | Blocked]
 
 
 class Dispatcher:
@@ -82,7 +87,10 @@ class Dispatcher:
         rejected: list[RejectCell] = []
         max_idle = model.max_idle()
         holder: Kernel | None = None
-        for turn in self.turns(now):
+        turns = self.turns(now)
+        in_place_first = any(t.why for t in turns)  # fair-share order (see the module)
+        deferred: list[Turn] = []
+        for turn in turns:
             kernel_id = turn.kernel_id
             kernel = model.kernels[kernel_id]
             head = queue.head(kernel_id)
@@ -105,20 +113,33 @@ class Dispatcher:
                 if turn.aged and holder is None:
                     holder = kernel
                 continue  # no host anywhere has that many idle GPUs
-            decision = start(kernel, head, now)
+            decision = start(kernel, head, now, turn.aged or not in_place_first)
             if isinstance(decision, Blocked):
-                if turn.aged and holder is None and decision.scale_out_would_help:
+                if decision.would_migrate:
+                    deferred.append(turn)
+                elif turn.aged and holder is None and decision.scale_out_would_help:
                     holder = kernel
                 continue
-            queue.pop_head(kernel_id)
-            self.forget(kernel_id)
-            if turn.why:
-                decision = dataclasses.replace(decision, picked=turn.why)
-            started.append(decision)
+            self._started(turn, decision, started)
             if head.gpus:
                 max_idle = model.max_idle()
+        for turn in deferred:  # the cells that need a migration, in the same order
+            kernel = model.kernels[turn.kernel_id]
+            head = queue.head(turn.kernel_id)
+            if holder is not None and head.gpus > 0 and not same_user(kernel, holder):
+                continue
+            decision = start(kernel, head, now, True)
+            if not isinstance(decision, Blocked):
+                self._started(turn, decision, started)
         self._holder = holder.kernel_id if holder is not None else None
         return QueueDispatch(tuple(started), len(queue), tuple(rejected))
+
+    def _started(self, turn: Turn, decision: RunCell | MigrateThenRun, started: list[RunCell | MigrateThenRun]) -> None:
+        self.queue.pop_head(turn.kernel_id)
+        self.forget(turn.kernel_id)
+        if turn.why:
+            decision = dataclasses.replace(decision, picked=turn.why)
+        started.append(decision)
 
     def _reject(self, kernel: Kernel, quota: QuotaExceeded, now: float) -> list[RejectCell]:
         """Refuse the kernel's queued cells that the spent limit refuses (its next ones too: the limit does not

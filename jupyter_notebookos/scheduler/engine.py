@@ -46,7 +46,7 @@ from .executor import Blocked, choose_executor
 from .gputypes import parse_wants
 from .knobs import SchedulerKnobs
 from .placement import place_replicas
-from .pools import too_big
+from .pools import can_grow, too_big
 from .queue import QueuedCell
 from .quotas import Owner, Quotas, QuotaWait
 from .sharing import AccountUsage, Sharing
@@ -240,7 +240,10 @@ class Scheduler(SchedulerKnobs):
         decision = self._try_start(kernel, cell_id, need, now, now, prefer)
         if isinstance(decision, Blocked):
             pos = self.queue.push(QueuedCell(kernel_id, cell_id, need, now, prefer), False)
-            return WaitInQueue(kernel_id, cell_id, need, pos, decision.reason, decision.scale_out_would_help)
+            helps = decision.scale_out_would_help and can_grow(
+                self.model, self.settings.pools, self.settings.max_hosts, kernel
+            )
+            return WaitInQueue(kernel_id, cell_id, need, pos, decision.reason, helps)
         self._tick(now)
         return decision
 
@@ -275,8 +278,8 @@ class Scheduler(SchedulerKnobs):
         GPU-hours ran out while they waited (``QueueDispatch.rejected``)."""
         self._tick(now)
 
-        def start(kernel: Kernel, head: QueuedCell, at: float) -> RunCell | MigrateThenRun | Blocked:
-            return self._try_start(kernel, head.cell_id, head.gpus, head.requested_at, at, head.prefer)
+        def start(kernel: Kernel, head: QueuedCell, at: float, migrate: bool) -> RunCell | MigrateThenRun | Blocked:
+            return self._try_start(kernel, head.cell_id, head.gpus, head.requested_at, at, head.prefer, migrate)
 
         decision = self.dispatcher.dispatch(now, start)
         self._tick(now)
@@ -558,14 +561,21 @@ class Scheduler(SchedulerKnobs):
         return too_big(self.model, self.settings.pools, self.settings.gpus_per_host, gpus, wants)
 
     def _try_start(
-        self, kernel: Kernel, cell_id: str, gpus: int, requested_at: float, now: float, prefer: int | None = None
+        self,
+        kernel: Kernel,
+        cell_id: str,
+        gpus: int,
+        requested_at: float,
+        now: float,
+        prefer: int | None = None,
+        migrate: bool = True,
     ) -> RunCell | MigrateThenRun | Blocked:
         policy = self.settings.policy
         if policy == "reservation":
             return run_reserved(kernel, cell_id, requested_at, now)
         if policy == "batch":
             return run_batch(self.model, kernel, cell_id, gpus, requested_at, now)
-        return choose_executor(self.model, kernel, cell_id, gpus, requested_at, now, self.settings, prefer)
+        return choose_executor(self.model, kernel, cell_id, gpus, requested_at, now, self.settings, prefer, migrate)
 
     def _release(self, kernel: Kernel, now: float, requeue: bool = False) -> int:
         """Free the running cell's GPUs (charging its owner for them); ``requeue`` puts it back at the queue's

@@ -18,10 +18,12 @@ from .settings import SchedulerSettings
 
 @dataclass(frozen=True, slots=True)
 class Blocked:
-    """Why a cell cannot start now (internal; the engine turns it into ``WaitInQueue``)."""
+    """Why a cell cannot start now (internal; the engine turns it into ``WaitInQueue``). ``would_migrate``: it
+    could start by a migration, which the caller did not allow."""
 
     reason: str
     scale_out_would_help: bool
+    would_migrate: bool = False
 
 
 def _idle_text(host: Host, wants: Wants = ()) -> str:
@@ -39,11 +41,13 @@ def choose_executor(
     now: float,
     settings: SchedulerSettings,
     prefer: int | None = None,
+    migrate: bool = True,
 ) -> RunCell | MigrateThenRun | Blocked:
     """Decide where the cell runs and commit its GPUs in the model (or say why it cannot start).
 
     ``prefer`` is a replica the client asked for (``metadata.notebookos.replica``): it wins when its host can
-    bind the GPUs now; otherwise the usual order applies.
+    bind the GPUs now; otherwise the usual order applies. ``migrate=False``: only a replica that can run it in
+    place will do (the fair-share dispatch offers GPUs to such cells first).
     """
     hosts = model.hosts
     wants = kernel.wants
@@ -54,8 +58,8 @@ def choose_executor(
             return _run(model, kernel, cell_id, prefer, wanted, gpus, requested_at, now, "requested", detail)
     previous = kernel.last_executor
     prev_host: Host | None = None
-    if settings.executor_fit == "best-fit":
-        fit = _best_fit(model, kernel, gpus)
+    if settings.executor_fit in ("best-fit", "keep-ready"):
+        fit = _best_fit(model, kernel, gpus, settings.executor_fit == "keep-ready")
         if fit is not None:
             rid, host = fit
             sticky = "; also the previous executor" if rid == previous else ""
@@ -105,6 +109,8 @@ def choose_executor(
     target = migration.target_for_cell(model, kernel, gpus, cap, settings.replicas)
     if target is None:
         return Blocked(f"{no_local} and no other host can bind them and take a replica", True)
+    if not migrate:
+        return Blocked(f"{no_local}; a migration to {target.name} waits for cells that can run in place", False, True)
     rid, why_replica = choice
     why = f"{no_local}; {why_replica}; {target.name} has {_idle_text(target, wants)}"
     plan = migration.begin(model, kernel, rid, target, "cell", why, cell_id)
@@ -122,10 +128,10 @@ def choose_executor(
     return MigrateThenRun(kernel.kernel_id, cell_id, gpus, devices, plan, now - requested_at)
 
 
-def _best_fit(model: ClusterModel, kernel: Kernel, gpus: int) -> tuple[int, Host] | None:
-    """The replica whose host binds ``gpus`` of the most preferred type, leaving the fewest idle GPUs (previous
-    executor on ties)."""
-    best: tuple[tuple[int, int, bool, int], int, Host] | None = None
+def _best_fit(model: ClusterModel, kernel: Kernel, gpus: int, keep_ready: bool) -> tuple[int, Host] | None:
+    """The replica whose host binds ``gpus`` of the most preferred type, leaving the fewest idle GPUs (with
+    ``keep_ready``, then stranding the fewest idle kernels; then the previous executor)."""
+    best: tuple[tuple[int, int, int, bool, int], int, Host] | None = None
     # Then the oldest replica slot (a migrated replica keeps its predecessor's place).
     for position, (rid, name) in enumerate(kernel.replicas.items()):
         if rid in kernel.moving:
@@ -143,10 +149,29 @@ def _best_fit(model: ClusterModel, kernel: Kernel, gpus: int) -> tuple[int, Host
             preference, idle = 0, host.idle
             if idle < gpus:
                 continue
-        key = (preference, idle, rid != kernel.last_executor, position)
+        stranded = _strands(model, kernel, host, gpus) if keep_ready else 0
+        key = (preference, idle, stranded, rid != kernel.last_executor, position)
         if best is None or key < best[0]:
             best = (key, rid, host)
     return None if best is None else (best[1], best[2])
+
+
+def _strands(model: ClusterModel, kernel: Kernel, host: Host, gpus: int) -> int:
+    """How many other idle kernels could run their next cell in place now only on ``host``, and could not any
+    more once ``gpus`` of its GPUs are taken."""
+    count = 0
+    for other_id, rid in host.replicas:
+        other = model.kernels[other_id]
+        if other is kernel or other.running is not None or other.moving or other.replicas.get(rid) != host.name:
+            continue
+        if host.idle_for(other.wants) < other.gpus or host.idle_for(other.wants) - gpus >= other.gpus:
+            continue  # it cannot run here now anyway, or still can afterwards
+        elsewhere = any(
+            name != host.name and model.hosts[name].runnable and model.hosts[name].idle_for(other.wants) >= other.gpus
+            for name in other.replicas.values()
+        )
+        count += not elsewhere
+    return count
 
 
 def _run(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import gputypes
-from .cluster import ClusterModel, HostSpec
+from .cluster import ClusterModel, HostSpec, Kernel
 from .gputypes import Wants, canonical, describe, parse_device_types, summary
 
 
@@ -150,3 +150,14 @@ def too_big(model: ClusterModel, pools: Sequence[HostPool], gpus_per_host: int, 
         f"it asks for {gpus} GPUs of type {describe(wants)} but the largest host has {largest} of them; set "
         f"KERNEL_GPUS to {largest} or fewer"
     )
+
+
+def can_grow(model: ClusterModel, pools: Sequence[HostPool], max_hosts: int, kernel: Kernel) -> bool:
+    """Whether autoscaling may add a host that serves ``kernel``: its home pool is below the pool's
+    ``max_hosts``, or (without pools) the cluster below ``max_hosts``."""
+    if pools:
+        home = home_pool(pools, kernel.gpus, kernel.wants)
+        if home is None:
+            return False
+        return not home.max_hosts or sum(1 for h in model.hosts.values() if h.pool == home.name) < home.max_hosts
+    return not max_hosts or len(model.hosts) < max_hosts

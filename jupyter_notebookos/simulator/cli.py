@@ -7,8 +7,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,15 +18,17 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from traitlets import TraitError
 
-from jupyter_notebookos.scheduler import PrewarmSettings
+from jupyter_notebookos.scheduler import HostPool, PrewarmSettings, Quotas, canonical, parse_device_types, parse_pools
 from jupyter_notebookos.simulator.costs import CostModel
 from jupyter_notebookos.simulator.culling import CULLING_MODELS, apply_idle_culling
 from jupyter_notebookos.simulator.metrics import PolicyMetrics, saved_vs_reservation
 from jupyter_notebookos.simulator.prewarm import apply_prewarm
 from jupyter_notebookos.simulator.report import result_document, write_json, write_table
+from jupyter_notebookos.simulator.scenarios import FLOOD_GPUS_PER_HOST, FLOOD_HOSTS, SCENARIOS, flood
 from jupyter_notebookos.simulator.simulation import Simulation, SimulationConfig
 from jupyter_notebookos.simulator.synthetic import generate
 from jupyter_notebookos.simulator.trace import TraceFormatError, read_workload
+from jupyter_notebookos.simulator.users import assign_users, parse_type_mix, parse_users
 from jupyter_notebookos.simulator.windows import most_wasteful_window
 from jupyter_notebookos.simulator.workload import Workload, clip_to_window
 
@@ -50,6 +54,10 @@ SCHEDULER_KNOBS = {
     "ready_host_lead_s": "ready_host_lead_s",
     "ready_host_min": "ready_host_min",
     "ready_host_max": "ready_host_max",
+    "max_hosts": "max_hosts",
+    "fair_share": "fair_share",
+    "fair_share_half_life_s": "fair_share_half_life_s",
+    "fair_share_max_wait_s": "fair_share_max_wait_s",
 }
 
 
@@ -93,13 +101,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a synthetic workload calibrated to the June trace's statistics",
     )
+    which.add_argument(
+        "--scenario",
+        choices=SCENARIOS,
+        help="flood: user alice floods a fixed cluster of 4 hosts x 2 GPUs with 2-GPU cells while user bob runs "
+        "short 1-GPU cells (the sharing targets; see docs/evaluation.md)",
+    )
+    source.add_argument(
+        "--flood-kernels",
+        type=int,
+        default=5,
+        help="flood scenario: alice's 2-GPU kernels (0: bob alone, the idle cluster) (5)",
+    )
     source.add_argument(
         "--sessions",
         type=int,
         default=None,
         help="synthetic: sessions (default: the trace's task rate over --hours)",
     )
-    source.add_argument("--hours", type=float, default=24.0, help="synthetic: arrival period in hours (24)")
+    source.add_argument(
+        "--hours", type=float, default=None, help="synthetic: arrival period in hours (24); flood: hours of cells (1)"
+    )
     source.add_argument("--seed", type=int, default=0, help="synthetic: random seed (0)")
     source.add_argument(
         "--state-gb",
@@ -200,11 +222,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     policy.add_argument(
         "--policies",
         type=_policies,
-        default=list(POLICY_NAMES),
-        help="comma-separated: notebookos,reservation,batch (all three)",
+        default=None,
+        help="comma-separated: notebookos,reservation,batch (all three; the flood scenario: notebookos)",
     )
     defaults = CostModel()
-    policy.add_argument("--gpus-per-host", type=int, default=defaults.gpus_per_host, help="GPUs per host (8)")
+    policy.add_argument("--gpus-per-host", type=int, default=None, help="GPUs per host (8; the flood scenario: 2)")
     policy.add_argument(
         "--container-start-s",
         type=float,
@@ -276,7 +298,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="ahead-of-time moves of idle kernels per autoscaling round (NotebookOS; 0: off)",
     )
     scaling.add_argument(
-        "--executor-fit", choices=("sticky", "best-fit"), help="NotebookOS executor choice among replicas"
+        "--executor-fit",
+        choices=("sticky", "best-fit", "keep-ready"),
+        help="NotebookOS executor choice among replicas (keep-ready: best fit that strands the fewest idle kernels)",
+    )
+    scaling.add_argument(
+        "--max-hosts", type=int, help="autoscaling never goes above this many hosts (0: no bound; flood: 4)"
     )
     scaling.add_argument(
         "--headroom-placement",
@@ -305,6 +332,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="hosts up at the start (default: the scheduler's minimum)",
     )
 
+    sharing = parser.add_argument_group("users, quotas, fair share (Scheduler traitlets)")
+    sharing.add_argument(
+        "--users",
+        type=parse_users,
+        default=None,
+        help="who owns the sessions: 'sessions' (each trace session is a user) or N users the sessions are dealt "
+        "to in turn (default: nobody; quotas and fair share then do nothing)",
+    )
+    sharing.add_argument("--groups", type=int, default=0, help="with --users: user k is in group{k mod G} (0: none)")
+    sharing.add_argument(
+        "--quotas",
+        metavar="FILE",
+        help="quotas in their config form, JSON: {default, users, groups} (see scheduler/quotas.py)",
+    )
+    sharing.add_argument("--quota-gpus", type=float, help="everyone's GPUs at once (the default quota)")
+    sharing.add_argument("--quota-kernels", type=float, help="everyone's kernels at once")
+    sharing.add_argument("--quota-gpu-hours-day", type=float, help="everyone's GPU-hours per day")
+    sharing.add_argument("--quota-gpu-hours-week", type=float, help="everyone's GPU-hours per week")
+    sharing.add_argument(
+        "--fair-share",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="order waiting cells of different users by decayed GPU-seconds per weight (on)",
+    )
+    sharing.add_argument("--fair-share-half-life-s", type=float, help="half-life of fair share's usage (3600)")
+    sharing.add_argument("--fair-share-max-wait-s", type=float, help="fair share's bound on waiting (600; 0: none)")
+
+    types = parser.add_argument_group("GPU types and host pools")
+    types.add_argument(
+        "--pool",
+        action="append",
+        default=[],
+        metavar="DEVICES[:MIN[:MAX]]",
+        help="a host pool autoscaling adds hosts of, named after its first type: e.g. a100*8:1:20, h100*8, "
+        "mig-1g.10gb*7 (repeat for more pools; cheapest first). Replaces --gpus-per-host's untyped hosts",
+    )
+    types.add_argument(
+        "--gpu-type-mix",
+        type=parse_type_mix,
+        default=None,
+        metavar="TYPE=WEIGHT,...",
+        help="each session asks for one GPU type, drawn with these weights (seeded by --seed)",
+    )
+
     output = parser.add_argument_group("output")
     output.add_argument("--json", action="store_true", help="print exactly one JSON object")
     output.add_argument(
@@ -320,7 +391,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> None:
     checks = [
         (args.sessions is None or args.sessions >= 1, "--sessions must be >= 1"),
-        (args.hours > 0, "--hours must be > 0"),
+        (args.hours is None or args.hours > 0, "--hours must be > 0"),
+        (args.flood_kernels >= 0, "--flood-kernels must be >= 0"),
+        (args.groups >= 0, "--groups must be >= 0"),
         (args.restore_gb_per_s > 0, "--restore-gb-per-s must be > 0"),
         (args.state_gb is None or args.state_gb >= 0, "--state-gb must be >= 0"),
         (args.idle_timeout_min >= 0, "--idle-timeout-min must be >= 0"),
@@ -333,7 +406,7 @@ def _check(args: argparse.Namespace) -> None:
         (args.prewarm_margin >= 1, "--prewarm-margin must be >= 1"),
         (args.window_hours is None or args.window_hours > 0, "--window-hours must be > 0"),
         (args.warmup_hours >= 0, "--warmup-hours must be >= 0"),
-        (args.gpus_per_host >= 1, "--gpus-per-host must be >= 1"),
+        (args.gpus_per_host is None or args.gpus_per_host >= 1, "--gpus-per-host must be >= 1"),
         (args.autoscale_interval_s > 0, "--autoscale-interval-s must be > 0"),
         (
             not (args.start_hour == MAX_WASTE and args.window_hours is None),
@@ -359,6 +432,9 @@ def _check(args: argparse.Namespace) -> None:
         "ready_host_max",
         "max_prepare_migrations_per_round",
         "initial_hosts",
+        "max_hosts",
+        "fair_share_half_life_s",
+        "fair_share_max_wait_s",
     ):
         v = getattr(args, knob)
         checks.append((v is None or v >= 0, f"--{knob.replace('_', '-')} must be >= 0"))
@@ -372,10 +448,13 @@ def _check(args: argparse.Namespace) -> None:
 
 def load_workload(args: argparse.Namespace) -> Workload:
     """The workload the options name, with the idle-culling model applied."""
-    if args.synthetic:
-        workload = generate(sessions=args.sessions, hours=args.hours, seed=args.seed, state_gb=args.state_gb)
+    if args.scenario == "flood":
+        workload = flood(hours=args.hours or 1.0, flood_kernels=args.flood_kernels, seed=args.seed)
+    elif args.synthetic:
+        workload = generate(sessions=args.sessions, hours=args.hours or 24.0, seed=args.seed, state_gb=args.state_gb)
     else:
         workload = read_workload(args.trace, split_on_gpu_change=args.split_on_gpu_change, state_gb=args.state_gb)
+    workload = assign_users(workload, args.users, args.groups, args.gpu_type_mix, args.seed)
     lead = None if args.lead_min is None else args.lead_min * 60.0
     return apply_idle_culling(
         workload,
@@ -423,8 +502,75 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
+def _scenario_defaults(args: argparse.Namespace) -> None:
+    """Fill what the options left to their defaults: the flood scenario's fixed cluster, or the usual ones."""
+    if args.scenario == "flood":
+        for knob, value in (
+            ("gpus_per_host", FLOOD_GPUS_PER_HOST),
+            ("min_hosts", FLOOD_HOSTS),
+            ("max_hosts", FLOOD_HOSTS),
+            ("initial_hosts", FLOOD_HOSTS),
+            ("policies", ["notebookos"]),
+        ):
+            if getattr(args, knob) is None:
+                setattr(args, knob, value)
+    if args.gpus_per_host is None:
+        args.gpus_per_host = CostModel().gpus_per_host
+    if args.policies is None:
+        args.policies = list(POLICY_NAMES)
+
+
+def quota_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The quotas the options name: ``--quotas FILE``, with the ``--quota-*`` flags as its default for everyone."""
+    config: dict[str, Any] = {}
+    if args.quotas:
+        try:
+            config = json.loads(Path(args.quotas).read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise UsageError(f"--quotas {args.quotas}: {error}") from None
+        if not isinstance(config, dict):
+            raise UsageError(f"--quotas {args.quotas}: expected a JSON object with default, users and groups")
+    flags = {
+        "gpus": args.quota_gpus,
+        "kernels": args.quota_kernels,
+        "gpu_hours_per_day": args.quota_gpu_hours_day,
+        "gpu_hours_per_week": args.quota_gpu_hours_week,
+    }
+    given = {name: value for name, value in flags.items() if value is not None}
+    if given:
+        config = {**config, "default": {**config.get("default", {}), **given}}
+    Quotas.from_config(config)  # a bad entry is a usage error, named
+    return config
+
+
+def pool_config(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The host pools of the ``--pool DEVICES[:MIN[:MAX]]`` options, in their config form."""
+    pools = []
+    for text in args.pool:
+        devices, *bounds = text.split(":")
+        try:
+            types = parse_device_types(devices)
+            numbers = [int(b) for b in bounds]
+        except ValueError as error:
+            raise UsageError(f"--pool {text}: {error}; expected DEVICES[:MIN[:MAX]], e.g. a100*8:1:20") from None
+        if not types or len(numbers) > 2:
+            raise UsageError(f"--pool {text}: expected DEVICES[:MIN[:MAX]], e.g. a100*8:1:20")
+        uniform = len(set(types)) == 1
+        pool = HostPool(
+            canonical(types[0]),
+            len(types),
+            types[0] if uniform else "",
+            None if uniform else types,
+            *numbers,
+        )
+        pools.append(pool.to_config())
+    parse_pools(pools)
+    return pools
+
+
 def _run(args: argparse.Namespace, err: Console) -> int:
     _check(args)
+    _scenario_defaults(args)
     costs = CostModel(
         gpus_per_host=args.gpus_per_host,
         container_start_s=args.container_start_s,
@@ -438,6 +584,11 @@ def _run(args: argparse.Namespace, err: Console) -> int:
     options: dict[str, Any] = {
         trait: getattr(args, opt) for opt, trait in SCHEDULER_KNOBS.items() if getattr(args, opt) is not None
     }
+    quotas, pools = quota_config(args), pool_config(args)
+    if quotas:
+        options["quotas"] = quotas
+    if pools:
+        options["pools"] = pools
     workload = load_workload(args)
     if not workload.sessions:
         raise UsageError("the workload has no sessions")
@@ -513,6 +664,14 @@ def _run(args: argparse.Namespace, err: Console) -> int:
             "standby_expired": standby_expired,
         },
     }
+    if args.users is not None or quotas or pools or args.gpu_type_mix:
+        model["sharing"] = {
+            "users": args.users,
+            "groups": args.groups,
+            "quotas": quotas,
+            "pools": pools,
+            "gpu_type_mix": args.gpu_type_mix or {},
+        }
     document = result_document(
         start_hour, hours, sessions_in_window, tasks_in_window, summaries, saved_vs_reservation(summaries), model
     )
