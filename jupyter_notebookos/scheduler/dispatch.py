@@ -24,7 +24,7 @@ from .executor import Blocked
 from .gputypes import overlap
 from .queue import CellQueue, QueuedCell
 from .quotas import QuotaExceeded, QuotaWait
-from .sharing import Sharing, Turn, same_user
+from .sharing import Sharing, Turn
 
 #: How the engine starts a queued cell: (kernel, cell, now, whether it may migrate) -> a decision, or why not.
 Starter = Callable[[Kernel, QueuedCell, float, bool], RunCell | MigrateThenRun | Blocked]
@@ -45,7 +45,7 @@ class Dispatcher:
     def turns(self, now: float) -> list[Turn]:
         """The ready kernels in the order their head cells are offered GPUs, each with why (fair share)."""
         ready = self.queue.ready()
-        since = {k: self.queue.ready_since(k) for k in ready} if len(ready) > 1 else {}
+        since = {k: self.queue.ready_since(k) for k in ready}
         order = self.sharing.order(ready, since, now)
         if order is None:
             return [Turn(k, "", False) for k in ready]
@@ -58,7 +58,7 @@ class Dispatcher:
     # --- admission of a new request ---------------------------------------------------------------------
 
     def held_back(self, kernel: Kernel, gpus: int) -> str:
-        """Why a new cell must queue behind an aged cell of another user holding GPUs, or ``""``."""
+        """Why a new cell must queue behind an aged cell holding GPUs, or ``""``."""
         holder = self._holder
         if holder is None or gpus <= 0 or holder not in self.model.kernels or holder == kernel.kernel_id:
             return ""
@@ -66,11 +66,10 @@ class Dispatcher:
         if not self.queue.has(holder) or held.running is not None:
             self._holder = None
             return ""
-        if same_user(held, kernel) or not overlap(held.wants, kernel.wants):
+        if not overlap(held.wants, kernel.wants):
             return ""
         cell = self.queue.head(holder)
-        who = held.owner.user if held.owner is not None else "another user"
-        return f"GPUs are held for cell {cell.cell_id} of {who}, which waited past the fair-share bound"
+        return f"GPUs are held for cell {cell.cell_id} of kernel {holder}, which waited past the fair-share bound"
 
     def forget(self, kernel_id: str) -> None:
         """The kernel has no head cell waiting any more (it started, or the kernel stopped)."""
@@ -94,13 +93,8 @@ class Dispatcher:
             kernel_id = turn.kernel_id
             kernel = model.kernels[kernel_id]
             head = queue.head(kernel_id)
-            if (
-                holder is not None
-                and head.gpus > 0
-                and not same_user(kernel, holder)
-                and overlap(holder.wants, kernel.wants)
-            ):
-                continue  # behind an aged cell of another user that needs these GPUs
+            if holder is not None and head.gpus > 0 and overlap(holder.wants, kernel.wants):
+                continue  # behind an aged cell that needs these GPUs
             quota = self.sharing.gate(kernel, head.gpus, now)
             if isinstance(quota, QuotaExceeded):
                 rejected.extend(self._reject(kernel, quota, now))
@@ -126,7 +120,7 @@ class Dispatcher:
         for turn in deferred:  # the cells that need a migration, in the same order
             kernel = model.kernels[turn.kernel_id]
             head = queue.head(turn.kernel_id)
-            if holder is not None and head.gpus > 0 and not same_user(kernel, holder):
+            if holder is not None and head.gpus > 0 and overlap(holder.wants, kernel.wants):
                 continue
             decision = start(kernel, head, now, True)
             if not isinstance(decision, Blocked):

@@ -58,8 +58,8 @@ def choose_executor(
             return _run(model, kernel, cell_id, prefer, wanted, gpus, requested_at, now, "requested", detail)
     previous = kernel.last_executor
     prev_host: Host | None = None
-    if settings.executor_fit in ("best-fit", "keep-ready"):
-        fit = _best_fit(model, kernel, gpus, settings.executor_fit == "keep-ready")
+    if settings.executor_fit == "best-fit":
+        fit = _best_fit(model, kernel, gpus)
         if fit is not None:
             rid, host = fit
             sticky = "; also the previous executor" if rid == previous else ""
@@ -128,10 +128,10 @@ def choose_executor(
     return MigrateThenRun(kernel.kernel_id, cell_id, gpus, devices, plan, now - requested_at)
 
 
-def _best_fit(model: ClusterModel, kernel: Kernel, gpus: int, keep_ready: bool) -> tuple[int, Host] | None:
-    """The replica whose host binds ``gpus`` of the most preferred type, leaving the fewest idle GPUs (with
-    ``keep_ready``, then stranding the fewest idle kernels; then the previous executor)."""
-    best: tuple[tuple[int, int, int, bool, int], int, Host] | None = None
+def _best_fit(model: ClusterModel, kernel: Kernel, gpus: int) -> tuple[int, Host] | None:
+    """The replica whose host binds ``gpus`` of the most preferred type, leaving the fewest idle GPUs (previous
+    executor on ties)."""
+    best: tuple[tuple[int, int, bool, int], int, Host] | None = None
     # Then the oldest replica slot (a migrated replica keeps its predecessor's place).
     for position, (rid, name) in enumerate(kernel.replicas.items()):
         if rid in kernel.moving:
@@ -149,29 +149,10 @@ def _best_fit(model: ClusterModel, kernel: Kernel, gpus: int, keep_ready: bool) 
             preference, idle = 0, host.idle
             if idle < gpus:
                 continue
-        stranded = _strands(model, kernel, host, gpus) if keep_ready else 0
-        key = (preference, idle, stranded, rid != kernel.last_executor, position)
+        key = (preference, idle, rid != kernel.last_executor, position)
         if best is None or key < best[0]:
             best = (key, rid, host)
     return None if best is None else (best[1], best[2])
-
-
-def _strands(model: ClusterModel, kernel: Kernel, host: Host, gpus: int) -> int:
-    """How many other idle kernels could run their next cell in place now only on ``host``, and could not any
-    more once ``gpus`` of its GPUs are taken."""
-    count = 0
-    for other_id, rid in host.replicas:
-        other = model.kernels[other_id]
-        if other is kernel or other.running is not None or other.moving or other.replicas.get(rid) != host.name:
-            continue
-        if host.idle_for(other.wants) < other.gpus or host.idle_for(other.wants) - gpus >= other.gpus:
-            continue  # it cannot run here now anyway, or still can afterwards
-        elsewhere = any(
-            name != host.name and model.hosts[name].runnable and model.hosts[name].idle_for(other.wants) >= other.gpus
-            for name in other.replicas.values()
-        )
-        count += not elsewhere
-    return count
 
 
 def _run(

@@ -68,14 +68,12 @@ class SchedulerKnobs(Configurable):
         help="Count the GPUs of queued cells as committed when computing the autoscaling target.",
     ).tag(config=True)
     executor_fit = CaselessStrEnum(
-        ["sticky", "best-fit", "keep-ready"],
+        ["sticky", "best-fit"],
         default_value="best-fit",
         help="""NotebookOS executor choice among replicas whose host can bind a cell's GPUs now. 'sticky': the
         previous executor, else the host with the most idle GPUs. 'best-fit': the host left with the fewest
         idle GPUs (the previous executor on ties), which packs small cells and keeps whole hosts free for
-        large ones. 'keep-ready': best-fit, and among hosts that fit equally well the one whose GPUs the
-        fewest idle kernels count on (kernels whose other replica hosts cannot run their next cell), so a
-        busy user's cells do not strand a quiet user's kernel.""",
+        large ones.""",
     ).tag(config=True)
     ready_host_buffer = Int(
         3,

@@ -10,13 +10,18 @@ over the GPU limit waits (:class:`~.quotas.QuotaWait`); a cell whose user or gro
 the day or week is refused with the time the limit resets (:class:`~.quotas.QuotaExceeded`). A cell that asks
 for no GPU is never held back. A cell that started runs to its end: the hour limits bound what starts.
 
-**Fair share.** When the kernels whose next cell waits for GPUs belong to more than one user, they are offered
-GPUs in the order of their users' decayed GPU-seconds (running cells included) divided by the users' weights,
-least first, ties in the order they became ready (weighted fair queueing over decayed usage, as in Slurm's
-fair-share factor). A user's own kernels keep the round-robin order among themselves, and with one user (or
-none known) the queue is exactly the round-robin queue. No cell waits forever: a cell that has waited
-``fair_share_max_wait_s`` goes ahead of every cell that has not, oldest first, and while such a cell needs
-more GPUs than any host has idle, later cells of other users that could take the same GPUs wait behind it.
+**Fair share.** When the cluster's kernels belong to more than one user, the kernels whose next cell waits for
+GPUs are offered them in the order of their users' decayed GPU-seconds (running cells included) divided by the
+users' weights, least first, ties in the order they became ready (weighted fair queueing over decayed usage, as
+in Slurm's fair-share factor). A user's own kernels keep the round-robin order among themselves, and with one
+user (or none known: kernels without an owner count as one user) the queue is exactly the round-robin queue.
+
+**No cell waits forever.** A cell that has waited ``fair_share_max_wait_s`` goes ahead of every cell that has
+not, oldest first; while such a cell needs more GPUs than any host has idle, later cells that could take the
+same GPUs wait behind it (new ones too), so GPUs gather for it as running cells end.
+
+**In place first.** In fair-share order, GPUs go first to cells that can run on a replica's host, then (same
+order, same round) to cells that need a migration (see ``dispatch``).
 """
 
 from __future__ import annotations
@@ -31,11 +36,6 @@ from .settings import SchedulerSettings
 from .usage import Account, QuotaClock, UsageLedger, UsageRecord
 
 _ANONYMOUS = ""  # the fair-share account of kernels started without an owner
-
-
-def same_user(a: Kernel, b: Kernel) -> bool:
-    """Whether two kernels belong to one user (kernels without an owner count as one user)."""
-    return (a.owner.user if a.owner else _ANONYMOUS) == (b.owner.user if b.owner else _ANONYMOUS)
 
 
 def accounts(owner: Owner) -> list[Account]:
@@ -75,6 +75,8 @@ class Sharing:
         clock = QuotaClock(settings.quota_clock_offset_s, settings.quota_reset_utc_offset_h)
         self.ledger = UsageLedger(settings.fair_share_half_life_s, clock, records)
         self._kernels: dict[Account, dict[str, None]] = {}  # an index of Kernel.owner
+        self._users = 0  # users with kernels, kernels without an owner counting as one
+        self._anonymous = 0  # kernels without an owner
 
     def configure(self, settings: SchedulerSettings) -> None:
         """Knobs changed at runtime (quotas, half-life, clock)."""
@@ -91,19 +93,28 @@ class Sharing:
 
     def kernel_added(self, kernel: Kernel) -> None:
         """Index a kernel under its owner's accounts."""
-        if kernel.owner is not None:
-            for account in accounts(kernel.owner):
-                self._kernels.setdefault(account, {})[kernel.kernel_id] = None
+        if kernel.owner is None:
+            self._anonymous += 1
+            self._users += self._anonymous == 1
+            return
+        for account in accounts(kernel.owner):
+            owned = self._kernels.setdefault(account, {})
+            owned[kernel.kernel_id] = None
+            self._users += account[0] == "user" and len(owned) == 1
 
     def kernel_removed(self, kernel: Kernel) -> None:
         """Forget a kernel (its cells' usage stays charged)."""
-        if kernel.owner is not None:
-            for account in accounts(kernel.owner):
-                owned = self._kernels.get(account)
-                if owned is not None:
-                    owned.pop(kernel.kernel_id, None)
-                    if not owned:
-                        del self._kernels[account]
+        if kernel.owner is None:
+            self._anonymous -= 1
+            self._users -= self._anonymous == 0
+            return
+        for account in accounts(kernel.owner):
+            owned = self._kernels.get(account)
+            if owned is not None and kernel.kernel_id in owned:
+                del owned[kernel.kernel_id]
+                if not owned:
+                    del self._kernels[account]
+                    self._users -= account[0] == "user"
 
     def admit_kernel(self, owner: Owner | None, gpus: int) -> QuotaExceeded | None:
         """Why a new kernel of ``owner`` asking ``gpus`` GPUs per cell is refused, or None."""
@@ -190,13 +201,10 @@ class Sharing:
 
     def order(self, ready: list[str], ready_since: Mapping[str, float], now: float) -> list[Turn] | None:
         """The fair-share order of the ready kernels, or None when it is the round-robin order (fair share
-        off, or every ready kernel belongs to one user)."""
-        if not self.settings.fair_share or len(ready) < 2:
+        off, or the cluster's kernels all belong to one user, or to nobody known)."""
+        if not self.settings.fair_share or not ready or self._users < 2:
             return None
         kernels = self.model.kernels
-        users = {self._user(kernels[k]) for k in ready}
-        if len(users) < 2:
-            return None
         bound = self.settings.fair_share_max_wait_s
         priority: dict[str, float] = {}
         for kernel_id in ready:

@@ -299,8 +299,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     scaling.add_argument(
         "--executor-fit",
-        choices=("sticky", "best-fit", "keep-ready"),
-        help="NotebookOS executor choice among replicas (keep-ready: best fit that strands the fewest idle kernels)",
+        choices=("sticky", "best-fit"),
+        help="NotebookOS executor choice among replicas",
     )
     scaling.add_argument(
         "--max-hosts", type=int, help="autoscaling never goes above this many hosts (0: no bound; flood: 4)"
