@@ -92,7 +92,10 @@ class HostPool:
                 int(value.get("max_hosts", 0)),
             )
         except (TypeError, ValueError) as error:
-            raise ValueError(f"host pool {value.get('name')!r}: {error}") from None
+            message = str(error)
+            if not message.startswith("host pool"):
+                message = f"host pool {value.get('name')!r}: {message}"
+            raise ValueError(message) from None
 
     def to_config(self) -> dict[str, Any]:
         """The config mapping of this pool."""
