@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,18 @@ def _start_hour(text: str) -> float | str:
     if value < 0 or not math.isfinite(value):
         raise argparse.ArgumentTypeError("must be >= 0")
     return value
+
+
+def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An option's parser whose ``ValueError`` argparse shows as its message."""
+
+    def check(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return check
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -335,7 +348,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sharing = parser.add_argument_group("users, quotas, fair share (Scheduler traitlets)")
     sharing.add_argument(
         "--users",
-        type=parse_users,
+        type=_checked(parse_users),
         default=None,
         help="who owns the sessions: 'sessions' (each trace session is a user) or N users the sessions are dealt "
         "to in turn (default: nobody; quotas and fair share then do nothing)",
@@ -370,7 +383,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     types.add_argument(
         "--gpu-type-mix",
-        type=parse_type_mix,
+        type=_checked(parse_type_mix),
         default=None,
         metavar="TYPE=WEIGHT,...",
         help="each session asks for one GPU type, drawn with these weights (seeded by --seed)",
@@ -498,7 +511,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args, err)
     except (UsageError, TraceFormatError, TraitError, ValueError, OSError) as error:
-        err.print(f"notebookos simulate: error: {error}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"notebookos simulate: error: {error}", markup=False, highlight=False, emoji=False, soft_wrap=True)
         return 2
 
 
@@ -550,9 +563,11 @@ def pool_config(args: argparse.Namespace) -> list[dict[str, Any]]:
         devices, *bounds = text.split(":")
         try:
             types = parse_device_types(devices)
-            numbers = [int(b) for b in bounds]
         except ValueError as error:
-            raise UsageError(f"--pool {text}: {error}; expected DEVICES[:MIN[:MAX]], e.g. a100*8:1:20") from None
+            raise UsageError(f"--pool {text}: {error}") from None
+        if not all(b.isdigit() for b in bounds):
+            raise UsageError(f"--pool {text}: MIN and MAX must be whole numbers; expected DEVICES[:MIN[:MAX]]")
+        numbers = [int(b) for b in bounds]
         if not types or len(numbers) > 2:
             raise UsageError(f"--pool {text}: expected DEVICES[:MIN[:MAX]], e.g. a100*8:1:20")
         uniform = len(set(types)) == 1
