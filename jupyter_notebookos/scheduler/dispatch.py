@@ -45,8 +45,7 @@ class Dispatcher:
     def turns(self, now: float) -> list[Turn]:
         """The ready kernels in the order their head cells are offered GPUs, each with why (fair share)."""
         ready = self.queue.ready()
-        since = {k: self.queue.ready_since(k) for k in ready}
-        order = self.sharing.order(ready, since, now)
+        order = self.sharing.order(ready, self.queue.ready_since, now)
         if order is None:
             return [Turn(k, "", False) for k in ready]
         return order

@@ -27,7 +27,7 @@ order, same round) to cells that need a migration (see ``dispatch``).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from .cluster import Cell, ClusterModel, Kernel
@@ -199,7 +199,7 @@ class Sharing:
 
     # --- fair share -------------------------------------------------------------------------------------
 
-    def order(self, ready: list[str], ready_since: Mapping[str, float], now: float) -> list[Turn] | None:
+    def order(self, ready: list[str], ready_since: Callable[[str], float], now: float) -> list[Turn] | None:
         """The fair-share order of the ready kernels, or None when it is the round-robin order (fair share
         off, or the cluster's kernels all belong to one user, or to nobody known)."""
         if not self.settings.fair_share or not ready or self._users < 2:
@@ -217,11 +217,12 @@ class Sharing:
         rank = {u: i for i, u in enumerate(ranked)}
         keyed: list[tuple[tuple[float, float, int], Turn]] = []
         for position, kernel_id in enumerate(ready):
-            waited = now - ready_since.get(kernel_id, now)
+            since = ready_since(kernel_id)
+            waited = now - since
             user = self._user(kernels[kernel_id])
             if bound > 0 and waited >= bound:
                 why = f"waited {waited:.0f} s, past the fair-share bound of {bound:.0f} s"
-                keyed.append(((0, ready_since.get(kernel_id, now), position), Turn(kernel_id, why, True)))
+                keyed.append(((0, since, position), Turn(kernel_id, why, True)))
                 continue
             others = ", ".join(f"{u or 'nobody'} {priority[u] / 3600.0:.2f}" for u in ranked[:4])
             why = (

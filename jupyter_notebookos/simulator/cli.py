@@ -7,11 +7,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,17 +16,24 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from traitlets import TraitError
 
-from jupyter_notebookos.scheduler import HostPool, PrewarmSettings, Quotas, canonical, parse_device_types, parse_pools
+from jupyter_notebookos.scheduler import PrewarmSettings
 from jupyter_notebookos.simulator.costs import CostModel
 from jupyter_notebookos.simulator.culling import CULLING_MODELS, apply_idle_culling
 from jupyter_notebookos.simulator.metrics import PolicyMetrics, saved_vs_reservation
 from jupyter_notebookos.simulator.prewarm import apply_prewarm
 from jupyter_notebookos.simulator.report import result_document, write_json, write_table
 from jupyter_notebookos.simulator.scenarios import FLOOD_GPUS_PER_HOST, FLOOD_HOSTS, SCENARIOS, flood
+from jupyter_notebookos.simulator.sharingopts import (
+    UsageError,
+    add_sharing_arguments,
+    pool_config,
+    quota_config,
+    sharing_model,
+)
 from jupyter_notebookos.simulator.simulation import Simulation, SimulationConfig
 from jupyter_notebookos.simulator.synthetic import generate
 from jupyter_notebookos.simulator.trace import TraceFormatError, read_workload
-from jupyter_notebookos.simulator.users import assign_users, parse_type_mix, parse_users
+from jupyter_notebookos.simulator.users import assign_users
 from jupyter_notebookos.simulator.windows import most_wasteful_window
 from jupyter_notebookos.simulator.workload import Workload, clip_to_window
 
@@ -62,10 +66,6 @@ SCHEDULER_KNOBS = {
 }
 
 
-class UsageError(ValueError):
-    """A bad option value; the message says which and what is allowed."""
-
-
 def _policies(text: str) -> list[str]:
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in POLICY_NAMES]
@@ -86,18 +86,6 @@ def _start_hour(text: str) -> float | str:
     if value < 0 or not math.isfinite(value):
         raise argparse.ArgumentTypeError("must be >= 0")
     return value
-
-
-def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An option's parser whose ``ValueError`` argparse shows as its message."""
-
-    def check(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-
-    return check
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -345,49 +333,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="hosts up at the start (default: the scheduler's minimum)",
     )
 
-    sharing = parser.add_argument_group("users, quotas, fair share (Scheduler traitlets)")
-    sharing.add_argument(
-        "--users",
-        type=_checked(parse_users),
-        default=None,
-        help="who owns the sessions: 'sessions' (each trace session is a user) or N users the sessions are dealt "
-        "to in turn (default: nobody; quotas and fair share then do nothing)",
-    )
-    sharing.add_argument("--groups", type=int, default=0, help="with --users: user k is in group{k mod G} (0: none)")
-    sharing.add_argument(
-        "--quotas",
-        metavar="FILE",
-        help="quotas in their config form, JSON: {default, users, groups} (see scheduler/quotas.py)",
-    )
-    sharing.add_argument("--quota-gpus", type=float, help="everyone's GPUs at once (the default quota)")
-    sharing.add_argument("--quota-kernels", type=float, help="everyone's kernels at once")
-    sharing.add_argument("--quota-gpu-hours-day", type=float, help="everyone's GPU-hours per day")
-    sharing.add_argument("--quota-gpu-hours-week", type=float, help="everyone's GPU-hours per week")
-    sharing.add_argument(
-        "--fair-share",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="order waiting cells of different users by decayed GPU-seconds per weight (on)",
-    )
-    sharing.add_argument("--fair-share-half-life-s", type=float, help="half-life of fair share's usage (3600)")
-    sharing.add_argument("--fair-share-max-wait-s", type=float, help="fair share's bound on waiting (600; 0: none)")
-
-    types = parser.add_argument_group("GPU types and host pools")
-    types.add_argument(
-        "--pool",
-        action="append",
-        default=[],
-        metavar="DEVICES[:MIN[:MAX]]",
-        help="a host pool autoscaling adds hosts of, named after its first type: e.g. a100*8:1:20, h100*8, "
-        "mig-1g.10gb*7 (repeat for more pools; cheapest first). Replaces --gpus-per-host's untyped hosts",
-    )
-    types.add_argument(
-        "--gpu-type-mix",
-        type=_checked(parse_type_mix),
-        default=None,
-        metavar="TYPE=WEIGHT,...",
-        help="each session asks for one GPU type, drawn with these weights (seeded by --seed)",
-    )
+    add_sharing_arguments(parser)
 
     output = parser.add_argument_group("output")
     output.add_argument("--json", action="store_true", help="print exactly one JSON object")
@@ -533,56 +479,6 @@ def _scenario_defaults(args: argparse.Namespace) -> None:
         args.policies = list(POLICY_NAMES)
 
 
-def quota_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The quotas the options name: ``--quotas FILE``, with the ``--quota-*`` flags as its default for everyone."""
-    config: dict[str, Any] = {}
-    if args.quotas:
-        try:
-            config = json.loads(Path(args.quotas).read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            raise UsageError(f"--quotas {args.quotas}: {error}") from None
-        if not isinstance(config, dict):
-            raise UsageError(f"--quotas {args.quotas}: expected a JSON object with default, users and groups")
-    flags = {
-        "gpus": args.quota_gpus,
-        "kernels": args.quota_kernels,
-        "gpu_hours_per_day": args.quota_gpu_hours_day,
-        "gpu_hours_per_week": args.quota_gpu_hours_week,
-    }
-    given = {name: value for name, value in flags.items() if value is not None}
-    if given:
-        config = {**config, "default": {**config.get("default", {}), **given}}
-    Quotas.from_config(config)  # a bad entry is a usage error, named
-    return config
-
-
-def pool_config(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The host pools of the ``--pool DEVICES[:MIN[:MAX]]`` options, in their config form."""
-    pools = []
-    for text in args.pool:
-        devices, *bounds = text.split(":")
-        try:
-            types = parse_device_types(devices)
-        except ValueError as error:
-            raise UsageError(f"--pool {text}: {error}") from None
-        if not all(b.isdigit() for b in bounds):
-            raise UsageError(f"--pool {text}: MIN and MAX must be whole numbers; expected DEVICES[:MIN[:MAX]]")
-        numbers = [int(b) for b in bounds]
-        if not types or len(numbers) > 2:
-            raise UsageError(f"--pool {text}: expected DEVICES[:MIN[:MAX]], e.g. a100*8:1:20")
-        uniform = len(set(types)) == 1
-        pool = HostPool(
-            canonical(types[0]),
-            len(types),
-            types[0] if uniform else "",
-            None if uniform else types,
-            *numbers,
-        )
-        pools.append(pool.to_config())
-    parse_pools(pools)
-    return pools
-
-
 def _run(args: argparse.Namespace, err: Console) -> int:
     _check(args)
     _scenario_defaults(args)
@@ -679,14 +575,9 @@ def _run(args: argparse.Namespace, err: Console) -> int:
             "standby_expired": standby_expired,
         },
     }
-    if args.users is not None or quotas or pools or args.gpu_type_mix:
-        model["sharing"] = {
-            "users": args.users,
-            "groups": args.groups,
-            "quotas": quotas,
-            "pools": pools,
-            "gpu_type_mix": args.gpu_type_mix or {},
-        }
+    sharing = sharing_model(args, quotas, pools)
+    if sharing:
+        model["sharing"] = sharing
     document = result_document(
         start_hour, hours, sessions_in_window, tasks_in_window, summaries, saved_vs_reservation(summaries), model
     )
