@@ -303,8 +303,9 @@ class QuotaExceeded:
             has = "has" if self.group else "have"
             return f"{whose} {has} {_amount('kernels', self.used)} of {of} {self.allowed:g}; stop one to start another"
         if self.limit == "gpus":
+            quota = f"your group {self.group}'s quota" if self.group else "your quota"
             return (
-                f"this kernel asks for {_amount('gpus', self.asked)} per cell but {of} quota allows "
+                f"this kernel asks for {_amount('gpus', self.asked)} per cell but {quota} allows "
                 f"{_amount('gpus', self.allowed)} at once"
             )
         period = "day" if self.limit == "gpu_hours_per_day" else "week"
