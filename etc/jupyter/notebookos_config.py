@@ -66,6 +66,13 @@ c = get_config()  # noqa: F821 - provided by traitlets when the file is loaded
 # c.Scheduler.max_scale_in_per_round = 1
 # c.Scheduler.scale_in_delay_s = 60.0
 # c.Scheduler.scale_for_queued_cells = True
+# c.Scheduler.max_hosts = 0                         # autoscaling never above this many hosts (0: no bound)
+# c.Scheduler.pools = []                            # host pools per GPU type / MIG layout (docs/sharing.md)
+# c.Scheduler.quotas = {}                           # {"default": {...}, "users": {...}, "groups": {...}}
+# c.Scheduler.fair_share = True                     # order waiting cells of several users by decayed usage
+# c.Scheduler.fair_share_half_life_s = 3600.0
+# c.Scheduler.fair_share_max_wait_s = 600.0         # a cell that waited this long goes first (0: no bound)
+# c.Scheduler.quota_reset_utc_offset_h = 0.0        # GPU-hour quotas reset at midnight of this UTC offset
 
 # --- Kubernetes (the helm chart writes these; see docs/kubernetes.md) ------------------------------------------
 # c.KubernetesLauncher.launch_timeout = 600.0

@@ -39,7 +39,12 @@ Protocol for callers:
 * Rebuild after a restart: ``Scheduler(hosts=[HostSpec...], kernels=[KernelSpec...],
   replicas=[ReplicaSlot...], running=[RunningCellSpec...], config=...)``.
 * Read-only views: ``hosts()``, ``host(name)``, ``kernel(id)``, ``running_cells()``, ``queued_cells()``,
-  ``migrations()``, ``subscription_limit``.
+  ``migrations()``, ``subscription_limit``, ``usage(now)``, ``quota_wait(kernel_id)``.
+* Sharing (all optional; without them nothing changes): ``start_kernel(..., owner=Owner(user, groups),
+  gpu_types=[...])``; ``WaitInQueue.quota`` (a GPU limit: the waiting notice shows it), ``RejectCell.quota``
+  and ``QueueDispatch.rejected`` (GPU-hours spent, with the reset time), ``PlacementRefused.quota`` (the kernel
+  limit); ``set_quotas(quotas, now)`` at runtime, then ``dispatch_queued``; ``usage_records()`` to keep usage
+  across a restart (``Scheduler(usage=...)``). ``RunCell.picked`` says why fair share chose a queued cell.
 
 Knobs are traitlets on ``Scheduler`` (``c.Scheduler.subscription_ratio_cap = 2.0`` in a config file, or
 keyword arguments), snapshotted in ``Scheduler.settings``.
@@ -63,6 +68,7 @@ from .decisions import (
     Placement,
     PlacementRefused,
     QueueDispatch,
+    QuotasChanged,
     RejectCell,
     ReplicaLost,
     ReplicaRecorded,
@@ -73,17 +79,25 @@ from .decisions import (
     WaitInQueue,
 )
 from .engine import Scheduler
+from .gputypes import canonical, parse_device_types, parse_wants
+from .pools import HostPool, home_pool, parse_pools
 from .prewarm import PrewarmSettings, StandbyWindow, standby_window
 from .queue import QueuedCell
+from .quotas import GroupQuota, Limits, Owner, QuotaExceeded, Quotas, QuotaWait
 from .settings import POLICIES, SchedulerSettings
+from .sharing import AccountUsage
 from .status import HostStatus, KernelStatus, RunningCell
+from .usage import UsageRecord
 
 __all__ = [
     "POLICIES",
+    "AccountUsage",
     "CellFinished",
     "Decision",
     "DrainPlan",
+    "GroupQuota",
     "HostChanged",
+    "HostPool",
     "HostRemoved",
     "HostSpec",
     "HostStatus",
@@ -92,16 +106,22 @@ __all__ = [
     "KernelSpec",
     "KernelStatus",
     "KernelStopped",
+    "Limits",
     "MigrateThenRun",
     "MigrationCompleted",
     "MigrationFailed",
     "MigrationPlan",
     "MigrationRefused",
+    "Owner",
     "Placement",
     "PlacementRefused",
     "PrewarmSettings",
     "QueueDispatch",
     "QueuedCell",
+    "QuotaExceeded",
+    "QuotaWait",
+    "Quotas",
+    "QuotasChanged",
     "RejectCell",
     "ReplicaLost",
     "ReplicaRecorded",
@@ -114,6 +134,12 @@ __all__ = [
     "Scheduler",
     "SchedulerSettings",
     "StandbyWindow",
+    "UsageRecord",
     "WaitInQueue",
+    "canonical",
+    "home_pool",
+    "parse_device_types",
+    "parse_pools",
+    "parse_wants",
     "standby_window",
 ]

@@ -14,29 +14,44 @@ rebuilds from etcd on restart); the mutable records are internal and read-only t
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
-from .decisions import MigrationPlan
+from . import gputypes
+from .decisions import MigrationPlan, ReplicaSlot
+from .gputypes import Wants, canonical, is_mig, parse_wants
+from .quotas import Owner
 
 
 @dataclass(frozen=True, slots=True)
 class HostSpec:
-    """A host as the caller describes it. ``device_ids`` default to ``0..gpus-1``."""
+    """A host as the caller describes it. ``device_ids`` default to ``0..gpus-1``.
+
+    ``gpu_type`` is the type of every device (NVML's product name, the node label ``nvidia.com/gpu.product``);
+    ``device_types`` gives one type per device instead, in ``device_ids`` order (a MIG-partitioned GPU's
+    slices: ``mig-1g.10gb``...). Neither: untyped devices, which serve any kernel that names no type.
+    ``pool`` is the autoscaling pool the host belongs to (``""``: the default pool).
+    """
 
     name: str
     gpus: int
     device_ids: tuple[int, ...] | None = None
     simulated: bool = True
     cordoned: bool = False
+    gpu_type: str = ""
+    device_types: tuple[str, ...] | None = None
+    pool: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class KernelSpec:
-    """A kernel and its GPUs per cell (``KERNEL_GPUS``)."""
+    """A kernel and its GPUs per cell (``KERNEL_GPUS``), who owns it, and the GPU types it asks for, most
+    preferred first (empty: any whole GPU)."""
 
     kernel_id: str
     gpus: int
+    owner: Owner | None = None
+    gpu_types: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +73,15 @@ class Host:
         "device_ids",
         "draining",
         "free",
+        "general",
         "gpus",
         "name",
         "pending",
+        "pool",
         "replicas",
         "simulated",
+        "type_counts",
+        "types",
         "version",
     )
 
@@ -70,9 +89,21 @@ class Host:
         ids = spec.device_ids if spec.device_ids is not None else tuple(range(spec.gpus))
         if len(ids) != spec.gpus or len(set(ids)) != spec.gpus:
             raise ValueError(f"host {spec.name}: {spec.gpus} GPUs need {spec.gpus} distinct device ids")
+        if spec.device_types is not None:
+            if len(spec.device_types) != spec.gpus:
+                raise ValueError(f"host {spec.name}: {spec.gpus} GPUs need {spec.gpus} device types")
+            kinds = tuple(canonical(t) for t in spec.device_types)
+        else:
+            kinds = (canonical(spec.gpu_type),) * spec.gpus
         self.name = spec.name
         self.gpus = spec.gpus
         self.device_ids: tuple[int, ...] = tuple(ids)
+        self.types: dict[int, str] = dict(zip(ids, kinds, strict=True))  # device id -> canonical type
+        self.type_counts: dict[str, int] = {}
+        for kind in kinds:
+            self.type_counts[kind] = self.type_counts.get(kind, 0) + 1
+        self.general = not any(is_mig(k) for k in kinds)  # every device serves a kernel that names no type
+        self.pool = spec.pool
         self.simulated = spec.simulated
         self.cordoned = spec.cordoned
         self.draining = False
@@ -83,8 +114,42 @@ class Host:
 
     @property
     def idle(self) -> int:
-        """GPUs not committed to any cell."""
-        return len(self.free)
+        """Whole GPUs not committed to any cell (what a kernel that names no type can bind; MIG slices are not
+        counted)."""
+        if self.general:
+            return len(self.free)
+        return sum(1 for d in self.free if not is_mig(self.types[d]))
+
+    def idle_for(self, wants: Wants) -> int:
+        """Idle devices of one type a cell of a kernel wanting ``wants`` may bind: the most of any wanted type
+        (a cell's GPUs are all of one type; a kernel that names no type may mix whole GPUs)."""
+        if not wants:
+            return self.idle
+        best = 0
+        for kind in wants:
+            if kind in self.type_counts:
+                best = max(best, sum(1 for d in self.free if self.types[d] == kind))
+        return best
+
+    def bind_type(self, gpus: int, wants: Wants) -> str | None:
+        """The type a cell of ``gpus`` GPUs binds here now (the most preferred one with enough idle devices;
+        ``""`` for a kernel that names no type), or None when this host cannot bind it now."""
+        if not wants:
+            return "" if self.idle >= gpus else None
+        for kind in wants:
+            if kind in self.type_counts and sum(1 for d in self.free if self.types[d] == kind) >= gpus:
+                return kind
+        return None
+
+    def capacity(self, wants: Wants) -> int:
+        """The most GPUs one cell of a kernel wanting ``wants`` could ever bind here."""
+        if not wants:
+            return self.gpus if self.general else sum(n for k, n in self.type_counts.items() if not is_mig(k))
+        return max((self.type_counts.get(kind, 0) for kind in wants), default=0)
+
+    def serves(self, wants: Wants) -> bool:
+        """Whether this host has any device a kernel wanting ``wants`` may use."""
+        return any(gputypes.serves(kind, wants) for kind in self.type_counts)
 
     @property
     def committed(self) -> int:
@@ -118,13 +183,17 @@ class Kernel:
         "last_executor",
         "moving",
         "next_replica",
+        "owner",
         "replicas",
         "running",
+        "wants",
     )
 
-    def __init__(self, kernel_id: str, gpus: int) -> None:
+    def __init__(self, kernel_id: str, gpus: int, owner: Owner | None = None, wants: Wants = ()) -> None:
         self.kernel_id = kernel_id
         self.gpus = gpus
+        self.owner = owner  # who the kernel's usage counts against (quotas, fair share); None: nobody
+        self.wants = wants  # GPU types, most preferred first; empty: any whole GPU
         self.replicas: dict[int, str] = {}  # replica id -> host
         self.next_replica = 0
         self.last_executor: int | None = None
@@ -193,7 +262,8 @@ class ClusterModel:
         self.max_host_gpus = 0
         self.migrations: dict[int, MigrationPlan] = {}  # in flight
         self.next_migration_id = 1
-        self._by_idle: list[dict[str, None]] = [{}]  # runnable hosts by idle GPUs
+        self._by_idle: list[dict[str, None]] = [{}]  # runnable hosts by idle (whole) GPUs
+        self.by_type: dict[str, dict[str, None]] = {}  # device type -> hosts that have it
         self._heap: list[tuple[float, str, int]] = []  # (pending / gpus, name, version), placeable hosts
 
     # --- hosts ----------------------------------------------------------------------------------------
@@ -210,6 +280,8 @@ class ClusterModel:
             while len(self._by_idle) <= host.gpus:
                 self._by_idle.append({})
         self._by_idle[host.idle][host.name] = None
+        for kind in host.type_counts:
+            self.by_type.setdefault(kind, {})[host.name] = None
         self._push(host)
         return host
 
@@ -219,6 +291,10 @@ class ClusterModel:
         assert not host.replicas and host.committed == 0, f"host {name} is not empty"
         self.total_gpus -= host.gpus
         self._by_idle[host.idle].pop(name, None)
+        for kind in host.type_counts:
+            self.by_type[kind].pop(name, None)
+            if not self.by_type[kind]:
+                del self.by_type[kind]
         host.version += 1  # invalidates heap entries
         if host.gpus == self.max_host_gpus:
             self.max_host_gpus = max((h.gpus for h in self.hosts.values()), default=0)
@@ -239,11 +315,47 @@ class ClusterModel:
             self._by_idle[host.idle][host.name] = None
         self._push(host)
 
+    def restore(
+        self,
+        hosts: Iterable[HostSpec],
+        kernels: Iterable[KernelSpec],
+        replicas: Iterable[ReplicaSlot],
+        running: Iterable[RunningCellSpec],
+    ) -> list[Kernel]:
+        """Rebuild part of the model as recorded (etcd, after a gateway restart); returns the kernels added.
+
+        Raises ``ValueError`` with a precise message if the state is inconsistent.
+        """
+        model = self
+        for spec in hosts:
+            model.add_host(spec)
+        added = [model.add_kernel(k.kernel_id, k.gpus, k.owner, parse_wants(k.gpu_types)) for k in kernels]
+        # In id order: the order of a kernel's replicas breaks ties, and ids grow with the replicas' age.
+        for r in sorted(replicas, key=lambda slot: slot.replica_id):
+            kernel = model.kernels.get(r.kernel_id)
+            host = model.hosts.get(r.host)
+            if kernel is None or host is None:
+                raise ValueError(f"{r}: unknown {'kernel' if kernel is None else 'host'}")
+            if r.host in kernel.hosts_in_use() or r.replica_id in kernel.replicas:
+                raise ValueError(f"{r}: the kernel already has that replica or a replica on that host")
+            model.add_replica(kernel, host, r.replica_id)
+        for c in running:
+            kernel = model.kernels.get(c.kernel_id)
+            if kernel is None or c.replica_id not in kernel.replicas or kernel.running is not None:
+                raise ValueError(f"running cell {c.cell_id}: unknown kernel or replica, or kernel already busy")
+            host = model.hosts[kernel.replicas[c.replica_id]]
+            model.commit_ids(host, c.device_ids)
+            kernel.running = Cell(
+                c.kernel_id, c.cell_id, c.replica_id, host.name, c.device_ids, c.started_at, c.started_at
+            )
+            kernel.last_executor = c.replica_id
+        return added
+
     # --- replicas -------------------------------------------------------------------------------------
 
-    def add_kernel(self, kernel_id: str, gpus: int) -> Kernel:
+    def add_kernel(self, kernel_id: str, gpus: int, owner: Owner | None = None, wants: Wants = ()) -> Kernel:
         """Register a kernel (no replicas yet)."""
-        kernel = Kernel(kernel_id, gpus)
+        kernel = Kernel(kernel_id, gpus, owner, wants)
         self.kernels[kernel_id] = kernel
         self.demand += gpus
         self._requests[gpus] = self._requests.get(gpus, 0) + 1
@@ -310,13 +422,21 @@ class ClusterModel:
 
     # --- GPUs -----------------------------------------------------------------------------------------
 
-    def commit(self, host: Host, count: int) -> tuple[int, ...]:
-        """Commit the lowest ``count`` idle devices of ``host``."""
+    def commit(self, host: Host, count: int, wants: Wants = ()) -> tuple[int, ...]:
+        """Commit the lowest ``count`` idle devices of ``host`` that a kernel wanting ``wants`` may bind (all of
+        the most preferred type the host has enough of)."""
         if count == 0:
             return ()
-        assert count <= len(host.free), f"host {host.name}: {count} GPUs asked, {len(host.free)} idle"
-        ids = tuple(host.free[:count])
-        self._reindex(host, lambda: host.free.__delitem__(slice(0, count)))
+        if not wants and host.general:
+            assert count <= len(host.free), f"host {host.name}: {count} GPUs asked, {len(host.free)} idle"
+            ids = tuple(host.free[:count])
+            self._reindex(host, lambda: host.free.__delitem__(slice(0, count)))
+        else:
+            kind = host.bind_type(count, wants)
+            assert kind is not None, f"host {host.name}: {count} GPUs of {wants or 'any type'} asked, not idle"
+            fits = (lambda d: host.types[d] == kind) if wants else (lambda d: not is_mig(host.types[d]))
+            ids = tuple([d for d in host.free if fits(d)][:count])
+            self._reindex(host, lambda: host.free.__setitem__(slice(None), [d for d in host.free if d not in ids]))
         self.busy += count
         return ids
 
@@ -349,9 +469,9 @@ class ClusterModel:
         if host.draining:
             change()
             return
-        self._by_idle[len(host.free)].pop(host.name, None)
+        self._by_idle[host.idle].pop(host.name, None)
         change()
-        self._by_idle[len(host.free)][host.name] = None
+        self._by_idle[host.idle][host.name] = None
 
     # --- queries --------------------------------------------------------------------------------------
 
@@ -359,6 +479,27 @@ class ClusterModel:
     def largest_request(self) -> int:
         """The largest GPU request of any kernel (0 without kernels)."""
         return max(self._requests, default=0)
+
+    def hosts_serving(self, wants: Wants) -> list[Host]:
+        """The hosts that have a device of a wanted type (every host for a kernel that names no type), by name."""
+        if not wants:
+            return [h for _, h in sorted(self.hosts.items())]
+        names = {name for kind in wants for name in self.by_type.get(kind, ())}
+        return [self.hosts[name] for name in sorted(names)]
+
+    def device_counts(self) -> dict[str, int]:
+        """Devices of the cluster by type."""
+        counts: dict[str, int] = {}
+        for host in self.hosts.values():
+            for kind, n in host.type_counts.items():
+                counts[kind] = counts.get(kind, 0) + n
+        return counts
+
+    def capacity(self, wants: Wants) -> int:
+        """The most GPUs one cell of a kernel wanting ``wants`` could bind on any host."""
+        if not wants:
+            return self.max_host_gpus
+        return max((h.capacity(wants) for h in self.hosts_serving(wants)), default=0)
 
     def hosts_with_idle(self, gpus: int) -> list[Host]:
         """The runnable hosts with at least ``gpus`` idle GPUs."""
@@ -375,8 +516,20 @@ class ClusterModel:
         """Names of the runnable hosts with exactly ``idle`` idle GPUs."""
         return self._by_idle[idle] if 0 <= idle < len(self._by_idle) else ()
 
-    def most_idle_host(self, min_idle: int, exclude: Collection[str] = (), placeable_only: bool = False) -> Host | None:
-        """The runnable host with the most idle GPUs (at least ``min_idle``), skipping ``exclude``."""
+    def most_idle_host(
+        self, min_idle: int, exclude: Collection[str] = (), placeable_only: bool = False, wants: Wants = ()
+    ) -> Host | None:
+        """The runnable host with the most idle GPUs (at least ``min_idle``, of a type in ``wants``), skipping
+        ``exclude``."""
+        if wants:
+            best: Host | None = None
+            for host in self.hosts_serving(wants):
+                if host.name in exclude or not host.runnable or (placeable_only and host.cordoned):
+                    continue
+                idle = host.idle_for(wants)
+                if idle >= min_idle and (best is None or idle > best.idle_for(wants)):
+                    best = host
+            return best
         for idle in range(len(self._by_idle) - 1, min_idle - 1, -1):
             for name in self._by_idle[idle]:
                 if name in exclude:

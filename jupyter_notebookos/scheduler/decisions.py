@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .quotas import QuotaExceeded, QuotaWait
+
 
 def _gpus(n: int) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
@@ -82,7 +84,8 @@ class PlacementRefused(Decision):
     """No (or not enough) host qualifies for the kernel's replicas; nothing was recorded.
 
     ``hosts_short`` is how many more qualifying hosts the kernel needs; ``scale_out_would_help`` says
-    whether adding hosts of the configured size would fix it.
+    whether adding hosts of the configured size would fix it. ``quota`` is set when a quota refused it (the
+    kernel limit, or more GPUs per cell than the GPU limit allows).
     """
 
     kernel_id: str
@@ -90,6 +93,7 @@ class PlacementRefused(Decision):
     reason: str
     hosts_short: int
     scale_out_would_help: bool
+    quota: QuotaExceeded | None = None
 
     def __str__(self) -> str:
         hint = "scaling out would help" if self.scale_out_would_help else "scaling out would not help"
@@ -177,7 +181,8 @@ class RunCell(Decision):
 
     ``reason`` is one of ``sticky``, ``most-idle``, ``migrated``, ``reserved`` (Reservation policy) or
     ``fresh-replica`` (Batch policy: start ``replica_id`` on ``host`` first). ``detail`` says why.
-    ``queued_s`` is how long the cell waited in the scheduler before this decision.
+    ``queued_s`` is how long the cell waited in the scheduler before this decision. ``picked`` says why
+    the queue chose it before other users' cells (fair share), when it did.
     """
 
     kernel_id: str
@@ -189,11 +194,13 @@ class RunCell(Decision):
     reason: str
     detail: str
     queued_s: float = 0.0
+    picked: str = ""
 
     def __str__(self) -> str:
+        picked = f"; picked: {self.picked}" if self.picked else ""
         return (
             f"cell {self.cell_id} of kernel {self.kernel_id} runs on replica r{self.replica_id} at "
-            f"{self.host} ({_gpus(self.gpus)}, {_devices(self.device_ids)}): {self.detail}"
+            f"{self.host} ({_gpus(self.gpus)}, {_devices(self.device_ids)}): {self.detail}{picked}"
         )
 
 
@@ -236,18 +243,24 @@ class MigrateThenRun(Decision):
     device_ids: tuple[int, ...]
     migration: MigrationPlan
     queued_s: float = 0.0
+    picked: str = ""
 
     def __str__(self) -> str:
+        picked = f"; picked: {self.picked}" if self.picked else ""
         return (
             f"cell {self.cell_id} of kernel {self.kernel_id} waits for a migration and then runs at "
             f"{self.migration.target} ({_gpus(self.gpus)}, {_devices(self.device_ids)} reserved); "
-            f"{self.migration}"
+            f"{self.migration}{picked}"
         )
 
 
 @dataclass(frozen=True, slots=True)
 class WaitInQueue(Decision):
-    """The cell waits in the scheduler's queue; ask ``dispatch_queued`` when GPUs free up."""
+    """The cell waits in the scheduler's queue; ask ``dispatch_queued`` when GPUs free up.
+
+    ``quota`` is set when a quota holds it back (the waiting notice shows ``str(quota)``, e.g. "you are using
+    4 of your 4 GPUs"); it runs once the user's (or group's) own cells give GPUs back.
+    """
 
     kernel_id: str
     cell_id: str
@@ -255,6 +268,7 @@ class WaitInQueue(Decision):
     position: int
     reason: str
     scale_out_would_help: bool
+    quota: QuotaWait | None = None
 
     def __str__(self) -> str:
         return (
@@ -265,12 +279,17 @@ class WaitInQueue(Decision):
 
 @dataclass(frozen=True, slots=True)
 class RejectCell(Decision):
-    """The request can never be served as asked (or names an unknown kernel); reply with an error."""
+    """The request can never be served as asked (or names an unknown kernel); reply with an error.
+
+    ``quota`` is set when a quota refused it: GPU-hours spent (``quota.resets_at`` says when the limit resets,
+    in the scheduler's time), or more GPUs than the GPU limit allows at all.
+    """
 
     kernel_id: str
     cell_id: str
     gpus: int
     reason: str
+    quota: QuotaExceeded | None = None
 
     def __str__(self) -> str:
         return f"cell {self.cell_id} of kernel {self.kernel_id} rejected: {self.reason}"
@@ -300,16 +319,36 @@ class CellFinished(Decision):
 
 @dataclass(frozen=True, slots=True)
 class QueueDispatch(Decision):
-    """Queued cells that can run now, in queue order, and how many still wait."""
+    """Queued cells that can run now, in queue order, and how many still wait.
+
+    ``rejected``: queued cells refused now (their user's GPU-hours ran out while they waited); reply to each
+    with its error, as for a ``RejectCell`` from ``request_cell``.
+    """
 
     started: tuple[RunCell | MigrateThenRun, ...]
     still_waiting: int
+    rejected: tuple[RejectCell, ...] = ()
 
     def __str__(self) -> str:
+        refused = (
+            f"; refused {', '.join(f'{r.cell_id} of {r.kernel_id}' for r in self.rejected)}" if self.rejected else ""
+        )
         if not self.started:
-            return f"no queued cell can run yet ({self.still_waiting} waiting)"
+            return f"no queued cell can run yet ({self.still_waiting} waiting){refused}"
         cells = ", ".join(f"{d.cell_id} of {d.kernel_id}" for d in self.started)
-        return f"dispatched {len(self.started)} queued cells ({cells}); {self.still_waiting} still waiting"
+        return f"dispatched {len(self.started)} queued cells ({cells}); {self.still_waiting} still waiting{refused}"
+
+
+@dataclass(frozen=True, slots=True)
+class QuotasChanged(Decision):
+    """The admin changed the quotas; cells that waited for a quota may run now (call ``dispatch_queued``)."""
+
+    changed: tuple[str, ...]
+    waiting_on_quota: int
+
+    def __str__(self) -> str:
+        what = "; ".join(self.changed) if self.changed else "nothing changed"
+        return f"quotas changed: {what}; {self.waiting_on_quota} queued cells wait on a quota"
 
 
 # --- migration ------------------------------------------------------------------------------------------
@@ -414,7 +453,8 @@ class HostRemoved(Decision):
 class ScalingDecision(Decision):
     """Result of one autoscaling round.
 
-    ``add_hosts`` new hosts to provision; ``undrain`` draining hosts to put back in service instead;
+    ``add_hosts`` new hosts to provision (with pools, ``add_by_pool`` says how many of each pool);
+    ``undrain`` draining hosts to put back in service instead;
     ``drain`` idle hosts chosen for scale-in, whose replicas move by ``migrations``; ``remove`` hosts that
     are drained and empty: remove them now (call ``remove_host``). ``migrations`` also holds the
     ahead-of-time moves of idle kernels listed in ``prepared`` (trigger ``"prepare"``); run them all alike.
@@ -430,6 +470,7 @@ class ScalingDecision(Decision):
     remove: tuple[str, ...] = ()
     migrations: tuple[MigrationPlan, ...] = field(default=())
     prepared: tuple[str, ...] = ()
+    add_by_pool: tuple[tuple[str, int], ...] = ()
 
     def __str__(self) -> str:
         head = f"autoscaler: {self.current_hosts} hosts, target {self.target_hosts}"
@@ -437,7 +478,8 @@ class ScalingDecision(Decision):
             head += f"; {len(self.prepared)} idle kernels moved ahead of time ({', '.join(self.prepared[:5])})"
         if self.action == "scale-out":
             undrain = f", put back {', '.join(self.undrain)}" if self.undrain else ""
-            return f"{head}: scale out by {self.add_hosts}{undrain} ({self.reason})"
+            pools = f" ({', '.join(f'{n} in {p}' for p, n in self.add_by_pool)})" if self.add_by_pool else ""
+            return f"{head}: scale out by {self.add_hosts}{pools}{undrain} ({self.reason})"
         if self.action == "scale-in":
             drain = f"drain {', '.join(self.drain)} ({len(self.migrations)} migrations)" if self.drain else ""
             remove = f"remove {', '.join(self.remove)}" if self.remove else ""

@@ -7,13 +7,13 @@ time, applies one event or answers one question, and returns a decision (see ``d
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import autoscaling, migration, readiness
 from .arrivals import ArrivalLog, ReadyBuffer
 from .baselines import reserve_session, run_batch, run_reserved
-from .cluster import Cell, ClusterModel, HostSpec, Kernel, KernelSpec, RunningCellSpec
+from .cluster import ClusterModel, HostSpec, Kernel, KernelSpec, RunningCellSpec
 from .decisions import (
     CellFinished,
     Decision,
@@ -31,6 +31,7 @@ from .decisions import (
     Placement,
     PlacementRefused,
     QueueDispatch,
+    QuotasChanged,
     RejectCell,
     ReplicaLost,
     ReplicaRecorded,
@@ -40,12 +41,18 @@ from .decisions import (
     ScalingDecision,
     WaitInQueue,
 )
+from .dispatch import Dispatcher
 from .executor import Blocked, choose_executor
+from .gputypes import parse_wants
 from .knobs import SchedulerKnobs
 from .placement import place_replicas
-from .queue import CellQueue, QueuedCell
+from .pools import can_grow, too_big
+from .queue import QueuedCell
+from .quotas import Owner, Quotas, QuotaWait
+from .sharing import AccountUsage, Sharing
 from .status import HostStatus, KernelStatus, RunningCell
 from .subscription import ClusterRatio
+from .usage import UsageRecord
 
 
 class Scheduler(SchedulerKnobs):
@@ -61,24 +68,31 @@ class Scheduler(SchedulerKnobs):
         kernels: Iterable[KernelSpec] = (),
         replicas: Iterable[ReplicaSlot] = (),
         running: Iterable[RunningCellSpec] = (),
+        usage: Iterable[UsageRecord] = (),
         **kwargs: Any,
     ) -> None:
-        """Build the scheduler; the iterables rebuild a model (e.g. from etcd after a gateway restart).
+        """Build the scheduler; the iterables rebuild a model (e.g. from etcd after a gateway restart), ``usage``
+        the users' and groups' usage (``usage_records()`` of the previous scheduler).
 
         Raises ``ValueError`` with a precise message if the state is inconsistent.
         """
         super().__init__(**kwargs)
         self.settings = self._snapshot()
         self.model = ClusterModel()
-        self.queue = CellQueue()
+        self.sharing = Sharing(self.model, self.settings, usage)
+        self.dispatcher = Dispatcher(self.model, self.sharing)
+        self.queue = self.dispatcher.queue
         self.ratio = ClusterRatio(self.settings.subscription_ratio_cap, self.settings.subscription_ratio_half_life_s)
         self._over_since: float | None = None
+        self._pools_over_since: dict[str, float | None] = {}
+        self._now = 0.0
         self.arrivals = ArrivalLog(self.settings.ready_host_window_s)
         self._restore(hosts, kernels, replicas, running)
 
     def _settings_changed(self) -> None:
         self.ratio.cap = self.settings.subscription_ratio_cap
         self.arrivals.window_s = self.settings.ready_host_window_s
+        self.sharing.configure(self.settings)
 
     def adopt(
         self,
@@ -101,42 +115,34 @@ class Scheduler(SchedulerKnobs):
         replicas: Iterable[ReplicaSlot],
         running: Iterable[RunningCellSpec],
     ) -> None:
-        model = self.model
-        for spec in hosts:
-            model.add_host(spec)
-        for k in kernels:
-            model.add_kernel(k.kernel_id, k.gpus)
-        # In id order: the order of a kernel's replicas breaks ties, and ids grow with the replicas' age.
-        for r in sorted(replicas, key=lambda slot: slot.replica_id):
-            kernel = model.kernels.get(r.kernel_id)
-            host = model.hosts.get(r.host)
-            if kernel is None or host is None:
-                raise ValueError(f"{r}: unknown {'kernel' if kernel is None else 'host'}")
-            if r.host in kernel.hosts_in_use() or r.replica_id in kernel.replicas:
-                raise ValueError(f"{r}: the kernel already has that replica or a replica on that host")
-            model.add_replica(kernel, host, r.replica_id)
-        for c in running:
-            kernel = model.kernels.get(c.kernel_id)
-            if kernel is None or c.replica_id not in kernel.replicas or kernel.running is not None:
-                raise ValueError(f"running cell {c.cell_id}: unknown kernel or replica, or kernel already busy")
-            host = model.hosts[kernel.replicas[c.replica_id]]
-            model.commit_ids(host, c.device_ids)
-            kernel.running = Cell(
-                c.kernel_id, c.cell_id, c.replica_id, host.name, c.device_ids, c.started_at, c.started_at
-            )
-            kernel.last_executor = c.replica_id
+        for kernel in self.model.restore(hosts, kernels, replicas, running):
+            self.sharing.kernel_added(kernel)
 
     # --- kernels --------------------------------------------------------------------------------------
 
-    def start_kernel(self, kernel_id: str, gpus: int, now: float) -> Placement | PlacementRefused:
-        """Place a new kernel's replicas (recorded in the model) or say why it cannot be placed."""
+    def start_kernel(
+        self, kernel_id: str, gpus: int, now: float, owner: Owner | None = None, gpu_types: Iterable[str] = ()
+    ) -> Placement | PlacementRefused:
+        """Place a new kernel's replicas (recorded in the model) or say why it cannot be placed.
+
+        ``owner``: who it belongs to (quotas and fair share count its cells against the user and their groups);
+        ``gpu_types``: the GPU types its cells may use, most preferred first (empty: any whole GPU).
+        """
         self._tick(now)
         if kernel_id in self.model.kernels:
             return PlacementRefused(kernel_id, gpus, "a kernel with this id already exists", 0, False)
-        too_big = self._too_big(gpus)
+        try:
+            wants = parse_wants(list(gpu_types))
+        except ValueError as error:
+            return PlacementRefused(kernel_id, gpus, str(error), 0, False)
+        too_big = self._too_big(gpus, wants)
         if too_big:
             return PlacementRefused(kernel_id, gpus, too_big, 0, False)
-        kernel = self.model.add_kernel(kernel_id, gpus)
+        quota = self.sharing.admit_kernel(owner, gpus)
+        if quota is not None:
+            return PlacementRefused(kernel_id, gpus, str(quota), 0, False, quota)
+        kernel = self.model.add_kernel(kernel_id, gpus, owner, wants)
+        self.sharing.kernel_added(kernel)
         decision: Placement | PlacementRefused
         if self.settings.policy == "reservation":
             decision = reserve_session(self.model, kernel, self.settings)
@@ -145,6 +151,7 @@ class Scheduler(SchedulerKnobs):
         else:
             decision = place_replicas(self.model, kernel, self.settings.replicas, self.ratio.limit, self.settings)
         if isinstance(decision, PlacementRefused):
+            self.sharing.kernel_removed(kernel)
             self.model.remove_kernel(kernel)
         self._tick(now)
         return decision
@@ -171,7 +178,7 @@ class Scheduler(SchedulerKnobs):
             return Ignored("stop kernel", f"unknown kernel {kernel_id}")
         released = 0
         if kernel.running is not None:
-            released += self._release(kernel)
+            released += self._release(kernel, now)
         for rid in list(kernel.moving):
             plan = self.model.migrations[kernel.moving[rid][0]]
             migration.abort(self.model, kernel, plan)
@@ -183,6 +190,8 @@ class Scheduler(SchedulerKnobs):
         for rid in list(kernel.replicas):
             self.model.remove_replica(kernel, rid)
         dropped = tuple(c.cell_id for c in self.queue.drop_kernel(kernel_id))
+        self.dispatcher.forget(kernel_id)
+        self.sharing.kernel_removed(kernel)
         self.model.remove_kernel(kernel)
         self._tick(now)
         return KernelStopped(kernel_id, slots, released, dropped)
@@ -205,7 +214,7 @@ class Scheduler(SchedulerKnobs):
             return RejectCell(kernel_id, cell_id, need, f"unknown kernel {kernel_id}")
         if need < 0:
             return RejectCell(kernel_id, cell_id, need, f"a cell cannot ask for {need} GPUs")
-        too_big = self._too_big(need)
+        too_big = self._too_big(need, kernel.wants)
         if too_big:
             return RejectCell(kernel_id, cell_id, need, too_big)
         if (kernel.running is not None and kernel.running.cell_id == cell_id) or (
@@ -213,16 +222,28 @@ class Scheduler(SchedulerKnobs):
             cell_id,
         ) in self.queue:
             return RejectCell(kernel_id, cell_id, need, f"cell {cell_id} is already running or queued")
+        quota = self.sharing.gate(kernel, need, now)
+        if quota is not None and not isinstance(quota, QuotaWait):
+            return RejectCell(kernel_id, cell_id, need, str(quota), quota)
         self._tick(now)
         self.arrivals.record(now, need)
         if kernel.running is not None or self.queue.has(kernel_id):
             busy = kernel.running.cell_id if kernel.running is not None else "an earlier queued cell"
             pos = self.queue.push(QueuedCell(kernel_id, cell_id, need, now, prefer), kernel.running is not None)
             return WaitInQueue(kernel_id, cell_id, need, pos, f"kernel {kernel_id} is busy with {busy}", False)
+        held = self.dispatcher.held_back(kernel, need)
+        if quota is not None or held:
+            pos = self.queue.push(QueuedCell(kernel_id, cell_id, need, now, prefer), False)
+            if quota is not None:
+                self.dispatcher.quota_waits[kernel_id] = quota
+            return WaitInQueue(kernel_id, cell_id, need, pos, str(quota) if quota else held, False, quota)
         decision = self._try_start(kernel, cell_id, need, now, now, prefer)
         if isinstance(decision, Blocked):
             pos = self.queue.push(QueuedCell(kernel_id, cell_id, need, now, prefer), False)
-            return WaitInQueue(kernel_id, cell_id, need, pos, decision.reason, decision.scale_out_would_help)
+            helps = decision.scale_out_would_help and can_grow(
+                self.model, self.settings.pools, self.settings.max_hosts, kernel
+            )
+            return WaitInQueue(kernel_id, cell_id, need, pos, decision.reason, helps)
         self._tick(now)
         return decision
 
@@ -238,7 +259,7 @@ class Scheduler(SchedulerKnobs):
         if cell is not None and cell.cell_id == cell_id:
             ran = now - cell.started_at if cell.started_at is not None else 0.0
             devices = cell.device_ids if cell.owns_devices else ()
-            self._release(kernel)
+            self._release(kernel, now)
             retired = None
             if self.settings.policy == "batch" and cell.replica_id in kernel.replicas:
                 self.model.remove_replica(kernel, cell.replica_id)
@@ -246,28 +267,23 @@ class Scheduler(SchedulerKnobs):
             self._tick(now)
             return CellFinished(kernel_id, cell_id, cell.host, devices, ran, retired_replica=retired)
         if self.queue.remove(kernel_id, cell_id) is not None:
+            if not self.queue.has(kernel_id):
+                self.dispatcher.forget(kernel_id)
             return CellFinished(kernel_id, cell_id, None, (), 0.0, was_queued=True)
         return Ignored("cell finished", f"cell {cell_id} of kernel {kernel_id} is neither running nor queued")
 
     def dispatch_queued(self, now: float) -> QueueDispatch:
-        """Start the queued cells that can run now, in fair FIFO order (each gets first pick in turn)."""
+        """Start the queued cells that can run now, in fair order (each gets first pick in turn): round-robin
+        across kernels, or by fair share across users (see ``sharing``). Refuses queued cells whose user's
+        GPU-hours ran out while they waited (``QueueDispatch.rejected``)."""
         self._tick(now)
-        started: list[RunCell | MigrateThenRun] = []
-        max_idle = self.model.max_idle()
-        for kernel_id in self.queue.ready():
-            head = self.queue.head(kernel_id)
-            if head.gpus > max_idle:
-                continue  # no host anywhere has that many idle GPUs
-            kernel = self.model.kernels[kernel_id]
-            decision = self._try_start(kernel, head.cell_id, head.gpus, head.requested_at, now, head.prefer)
-            if isinstance(decision, Blocked):
-                continue
-            self.queue.pop_head(kernel_id)
-            started.append(decision)
-            if head.gpus:
-                max_idle = self.model.max_idle()
+
+        def start(kernel: Kernel, head: QueuedCell, at: float, migrate: bool) -> RunCell | MigrateThenRun | Blocked:
+            return self._try_start(kernel, head.cell_id, head.gpus, head.requested_at, at, head.prefer, migrate)
+
+        decision = self.dispatcher.dispatch(now, start)
         self._tick(now)
-        return QueueDispatch(tuple(started), len(self.queue))
+        return decision
 
     # --- replicas -------------------------------------------------------------------------------------
 
@@ -303,22 +319,9 @@ class Scheduler(SchedulerKnobs):
         kernel = self.model.kernels.get(kernel_id)
         if kernel is None:
             return MigrationRefused(kernel_id, replica_id, target, f"unknown kernel {kernel_id}")
-        if replica_id not in kernel.replicas:
-            known = ", ".join(f"r{r}" for r in sorted(kernel.replicas)) or "none"
-            return MigrationRefused(kernel_id, replica_id, target, f"unknown replica (replicas: {known})")
-        if replica_id in kernel.moving:
-            return MigrationRefused(kernel_id, replica_id, target, "this replica is already migrating")
-        if kernel.hold is not None:
-            return MigrationRefused(
-                kernel_id, replica_id, target, f"it holds GPUs reserved for the session on {kernel.hold[0]}"
-            )
-        if kernel.running is not None and kernel.running.replica_id == replica_id:
-            return MigrationRefused(
-                kernel_id,
-                replica_id,
-                target,
-                f"it is running cell {kernel.running.cell_id}; retry when it ends",
-            )
+        unmovable = migration.unmovable(kernel, replica_id)
+        if unmovable:
+            return MigrationRefused(kernel_id, replica_id, target, unmovable)
         cap, replicas = self.settings.subscription_ratio_cap, self.settings.replicas
         if target is not None:
             problem = migration.target_problem(self.model, kernel, target, cap, replicas)
@@ -349,7 +352,7 @@ class Scheduler(SchedulerKnobs):
             migration.abort(self.model, kernel, plan)
             requeued = None
             if waiting is not None:
-                self._release(kernel, requeue=True)
+                self._release(kernel, now, requeue=True)
                 requeued = waiting.cell_id
             self._tick(now)
             return MigrationFailed(plan, error or "the new replica did not come up", requeued)
@@ -418,42 +421,41 @@ class Scheduler(SchedulerKnobs):
         if host is None:
             return Ignored("drain host", f"unknown host {name}")
         self.model.set_draining(host, True)
-        plans: list[MigrationPlan] = []
-        stuck: list[str] = []
-        cap, replicas = self.settings.subscription_ratio_cap, self.settings.replicas
-        for kernel_id, rid in list(host.replicas):
-            kernel = self.model.kernels[kernel_id]
-            if kernel.replicas.get(rid) != name or rid in kernel.moving:
-                continue  # an incoming move, or already leaving
-            if kernel.running is not None and kernel.running.replica_id == rid:
-                stuck.append(f"r{rid} of {kernel_id} is running cell {kernel.running.cell_id}")
-                continue
-            if kernel.hold is not None:
-                stuck.append(f"r{rid} of {kernel_id} holds GPUs reserved for its session")
-                continue
-            target = migration.best_target(self.model, kernel, cap, replicas)
-            if target is None:
-                stuck.append(f"no host accepts r{rid} of {kernel_id}")
-                continue
-            why = f"draining {name}; {target.name} is the least subscribed host that accepts it"
-            plans.append(migration.begin(self.model, kernel, rid, target, "drain", why))
+        plans, stuck = migration.plan_drain(
+            self.model, host, self.settings.subscription_ratio_cap, self.settings.replicas
+        )
         self._tick(now)
         return DrainPlan(name, tuple(plans), tuple(stuck))
 
     # --- autoscaling ----------------------------------------------------------------------------------
 
-    def autoscale(self, now: float, hosts_provisioning: int = 0) -> ScalingDecision:
-        """One autoscaling round. Pass the hosts already being provisioned so they are not asked twice."""
+    def autoscale(self, now: float, hosts_provisioning: int | Mapping[str, int] = 0) -> ScalingDecision:
+        """One autoscaling round. Pass the hosts already being provisioned so they are not asked twice (with
+        pools: how many of each pool)."""
         self._tick(now)
-        decision, self._over_since = autoscaling.plan_round(
-            self.model,
-            self.settings,
-            now,
-            self._over_since,
-            hosts_provisioning,
-            self.queue.gpus_waiting(),
-            self.ready_buffer(now).hosts if self.settings.ready_host_probability > 0 else None,
-        )
+        if self.settings.pools:
+            provisioning = hosts_provisioning if isinstance(hosts_provisioning, Mapping) else {}
+            decision, self._pools_over_since = autoscaling.plan_pools(
+                self.model,
+                self.settings,
+                now,
+                self._pools_over_since,
+                provisioning,
+                autoscaling.pool_views(
+                    self.model, self.settings.pools, self.queue.heads(), self.dispatcher.quota_waits
+                ),
+            )
+        else:
+            coming = hosts_provisioning if isinstance(hosts_provisioning, int) else sum(hosts_provisioning.values())
+            decision, self._over_since = autoscaling.plan_round(
+                self.model,
+                self.settings,
+                now,
+                self._over_since,
+                coming,
+                autoscaling.PoolView.whole(self.model, self.settings, self.dispatcher.gpus_waiting()),
+                self.ready_buffer(now).hosts if self.settings.ready_host_probability > 0 else None,
+            )
         queued = {c.kernel_id for c in self.queue.cells()} if len(self.queue) else set()
         prepared = readiness.plan_moves(self.model, self.settings, queued)
         if prepared:
@@ -512,8 +514,33 @@ class Scheduler(SchedulerKnobs):
         return tuple(RunningCell.of(k.running) for k in self.model.kernels.values() if k.running is not None)
 
     def queued_cells(self) -> tuple[QueuedCell, ...]:
-        """Every queued cell, in the order they will be offered GPUs."""
-        return tuple(self.queue.cells())
+        """Every queued cell, in the order they will be offered GPUs (as of the latest event)."""
+        return tuple(self.dispatcher.cells(self._now))
+
+    def quota_wait(self, kernel_id: str) -> QuotaWait | None:
+        """Why the kernel's next queued cell waits on a quota (for the waiting notice), or None."""
+        return self.dispatcher.quota_waits.get(kernel_id)
+
+    def usage(self, now: float) -> tuple[AccountUsage, ...]:
+        """Every user's and group's usage and limits (REST, metrics, the simulator)."""
+        return self.sharing.usage(now)
+
+    def usage_records(self) -> tuple[UsageRecord, ...]:
+        """The usage to keep across a restart (pass it as ``usage`` to the next scheduler)."""
+        return self.sharing.ledger.records()
+
+    # --- quotas ---------------------------------------------------------------------------------------
+
+    def set_quotas(self, quotas: Quotas | Mapping[str, Any], now: float) -> QuotasChanged:
+        """The admin changed the quotas at runtime (a ``Quotas`` or its config form). Raises ``ValueError``
+        naming a bad entry, and changes nothing then. Call ``dispatch_queued`` next: cells that waited on a
+        quota may run now."""
+        config = quotas.to_config() if isinstance(quotas, Quotas) else dict(quotas)
+        new = Quotas.from_config(config)
+        changes = self.settings.quotas.changes(new)
+        self.quotas = config
+        self._tick(now)
+        return QuotasChanged(changes, len(self.dispatcher.quota_waits))
 
     def migrations(self) -> tuple[MigrationPlan, ...]:
         """Migrations in flight."""
@@ -528,28 +555,35 @@ class Scheduler(SchedulerKnobs):
 
     def _tick(self, now: float) -> None:
         self.ratio.observe(now, self.model.demand, self.model.busy)
+        self._now = max(self._now, now)
 
-    def _too_big(self, gpus: int) -> str:
-        largest = max(self.model.max_host_gpus, self.settings.gpus_per_host)
-        if gpus <= largest:
-            return ""
-        return f"it asks for {gpus} GPUs but the largest host has {largest}; set KERNEL_GPUS to {largest} or fewer"
+    def _too_big(self, gpus: int, wants: tuple[str, ...] = ()) -> str:
+        return too_big(self.model, self.settings.pools, self.settings.gpus_per_host, gpus, wants)
 
     def _try_start(
-        self, kernel: Kernel, cell_id: str, gpus: int, requested_at: float, now: float, prefer: int | None = None
+        self,
+        kernel: Kernel,
+        cell_id: str,
+        gpus: int,
+        requested_at: float,
+        now: float,
+        prefer: int | None = None,
+        migrate: bool = True,
     ) -> RunCell | MigrateThenRun | Blocked:
         policy = self.settings.policy
         if policy == "reservation":
             return run_reserved(kernel, cell_id, requested_at, now)
         if policy == "batch":
             return run_batch(self.model, kernel, cell_id, gpus, requested_at, now)
-        return choose_executor(self.model, kernel, cell_id, gpus, requested_at, now, self.settings, prefer)
+        return choose_executor(self.model, kernel, cell_id, gpus, requested_at, now, self.settings, prefer, migrate)
 
-    def _release(self, kernel: Kernel, requeue: bool = False) -> int:
-        """Free the running cell's GPUs; ``requeue`` puts it back at the queue's front."""
+    def _release(self, kernel: Kernel, now: float, requeue: bool = False) -> int:
+        """Free the running cell's GPUs (charging its owner for them); ``requeue`` puts it back at the queue's
+        front."""
         cell = kernel.running
         assert cell is not None
         kernel.running = None
+        self.sharing.cell_released(kernel, cell, now)
         released = 0
         if cell.owns_devices:
             self.model.release(cell.host, cell.device_ids)
@@ -557,7 +591,7 @@ class Scheduler(SchedulerKnobs):
         if requeue:
             self.queue.push_front(QueuedCell(kernel.kernel_id, cell.cell_id, cell.gpus, cell.requested_at))
         else:
-            self.queue.kernel_idle(kernel.kernel_id)
+            self.queue.kernel_idle(kernel.kernel_id, now)
         return released
 
     def _lose_replica(self, kernel: Kernel, rid: int, now: float, replace: bool) -> ReplicaLost:
@@ -570,11 +604,11 @@ class Scheduler(SchedulerKnobs):
             failed_migration = plan.migration_id
             migration.abort(self.model, kernel, plan)
             if cell is not None and cell.migration_id == plan.migration_id:
-                self._release(kernel, requeue=True)  # it never ran: it keeps its turn
+                self._release(kernel, now, requeue=True)  # it never ran: it keeps its turn
                 cell = None
         if cell is not None and cell.replica_id == rid and cell.migration_id is None:
             failed_cell = cell.cell_id
-            self._release(kernel)
+            self._release(kernel, now)
         if kernel.hold is not None and kernel.hold[0] == host:
             self.model.release(kernel.hold[0], kernel.hold[1])
             kernel.hold = None

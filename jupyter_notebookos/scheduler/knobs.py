@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from traitlets import All, Bool, CaselessStrEnum, Float, Int, observe
+from traitlets import All, Bool, CaselessStrEnum, Dict, Float, Int, List, TraitError, observe, validate
 from traitlets.config import Configurable
 
+from .pools import parse_pools
+from .quotas import Quotas
 from .settings import POLICIES, SchedulerSettings
 
 
@@ -117,8 +119,79 @@ class SchedulerKnobs(Configurable):
         help="Ahead-of-time moves only for kernels that ask for at least this many GPUs per cell.",
     ).tag(config=True)
 
+    max_hosts = Int(
+        0,
+        min=0,
+        help="""Autoscaling never goes above this many hosts (0: no bound). With pools, each pool's own
+        max_hosts bounds it instead.""",
+    ).tag(config=True)
+    pools = List(
+        Dict(),
+        help="""Host pools the autoscaler can add, one per GPU type or MIG layout, cheapest first: e.g.
+        [{"name": "a100", "gpus": 8, "gpu_type": "NVIDIA-A100-SXM4-80GB", "min_hosts": 1, "max_hosts": 20},
+        {"name": "mig", "gpus": 7, "device_types": "mig-1g.10gb*7"}]. Each host names its pool; each pool is
+        scaled on its own, for the kernels whose wanted type it is the first to serve. Empty: one pool of
+        gpus_per_host untyped GPUs (autoscaling as without types).""",
+    ).tag(config=True)
+    quotas = Dict(
+        help="""Quotas per user, per group and for everyone: {"default": {...}, "users": {"alice": {...}},
+        "groups": {"ml": {..., "per_member": {...}, "weight": 2}}}, each with any of gpus (held at once),
+        kernels, gpu_hours_per_day, gpu_hours_per_week, and weight (fair share). A user's own entry wins, then
+        the most generous per_member value of their groups, then the default; a group's top-level limits bound
+        its members together. "unlimited" lifts a default. Empty: no quotas. The admin may change them at
+        runtime (Scheduler.set_quotas).""",
+    ).tag(config=True)
+    fair_share = Bool(
+        True,
+        help="""When cells of several users wait for GPUs, offer GPUs first to the user with the least decayed
+        GPU-seconds per unit of weight (ties by arrival), instead of round-robin across kernels. One user's own
+        kernels keep the round-robin order.""",
+    ).tag(config=True)
+    fair_share_half_life_s = Float(
+        3600.0,
+        min=0.0,
+        help="Half-life in seconds of the GPU-seconds fair share counts (0: no decay, all usage counts).",
+    ).tag(config=True)
+    fair_share_max_wait_s = Float(
+        600.0,
+        min=0.0,
+        help="""Fair share's bound on waiting: a cell that waited this long for GPUs goes ahead of every cell that
+        has not, oldest first, and holds back later cells of other users that need the same GPUs until it runs
+        (0: no bound).""",
+    ).tag(config=True)
+    quota_reset_utc_offset_h = Float(
+        0.0,
+        min=-14.0,
+        max=14.0,
+        help="The GPU-hour quotas' days start at midnight, weeks on Monday at midnight, at this UTC offset.",
+    ).tag(config=True)
+    quota_clock_offset_s = Float(
+        0.0,
+        help="""Seconds to add to the scheduler's time to get Unix time (the gateway passes its wall clock minus
+        its monotonic clock), so that GPU-hour quotas reset at calendar midnights.""",
+    )
+
+    @validate("quotas")
+    def _valid_quotas(self, proposal: Any) -> Any:
+        try:
+            Quotas.from_config(proposal["value"])
+        except ValueError as error:
+            raise TraitError(str(error)) from None
+        return proposal["value"]
+
+    @validate("pools")
+    def _valid_pools(self, proposal: Any) -> Any:
+        try:
+            parse_pools(proposal["value"])
+        except ValueError as error:
+            raise TraitError(str(error)) from None
+        return proposal["value"]
+
     def _snapshot(self) -> SchedulerSettings:
-        return SchedulerSettings(**{name: getattr(self, name) for name in SchedulerSettings.__dataclass_fields__})
+        values = {name: getattr(self, name) for name in SchedulerSettings.__dataclass_fields__}
+        values["quotas"] = Quotas.from_config(self.quotas)
+        values["pools"] = parse_pools(self.pools)
+        return SchedulerSettings(**values)
 
     @observe(All)
     def _knob_changed(self, change: Any) -> None:

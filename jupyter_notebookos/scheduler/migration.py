@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .cluster import ClusterModel, Host, Kernel
 from .decisions import MigrationPlan
+from .gputypes import describe
 from .subscription import admits, ratio_after
 
 # A cell-triggered move looks at this many hosts with enough idle GPUs, at most: a bounded search keeps a
@@ -28,7 +29,7 @@ def replica_to_move(model: ClusterModel, kernel: Kernel, replicas: int) -> tuple
         host = model.hosts[host_name]
         ratio = host.subscription_ratio(replicas)
         ratios.append(f"{host_name} {ratio:.2f}")
-        key = (ratio, -host.idle, -position)
+        key = (ratio, -host.idle_for(kernel.wants), -position)
         if best is None or key > best:
             best, chosen = key, rid
     if best is None:
@@ -39,8 +40,11 @@ def replica_to_move(model: ClusterModel, kernel: Kernel, replicas: int) -> tuple
 
 
 def target_for_cell(model: ClusterModel, kernel: Kernel, gpus: int, cap: float, replicas: int) -> Host | None:
-    """A host that can bind ``gpus`` now and take a replica: most idle first, then least subscribed."""
+    """A host that can bind ``gpus`` now and take a replica: the most preferred GPU type first, then the most
+    idle, then the least subscribed."""
     exclude = kernel.hosts_in_use()
+    if kernel.wants:
+        return _typed_target(model, kernel, gpus, cap, replicas, exclude)
     best: Host | None = None
     seen = 0
     for idle in range(model.max_host_gpus, max(gpus, 1) - 1, -1):
@@ -63,13 +67,48 @@ def target_for_cell(model: ClusterModel, kernel: Kernel, gpus: int, cap: float, 
     return best
 
 
+def _typed_target(
+    model: ClusterModel, kernel: Kernel, gpus: int, cap: float, replicas: int, exclude: set[str]
+) -> Host | None:
+    for kind in kernel.wants:
+        best: tuple[int, float, str] | None = None
+        found: Host | None = None
+        for name in model.by_type.get(kind, ()):
+            host = model.hosts[name]
+            if name in exclude or not host.runnable or host.cordoned:
+                continue
+            idle = host.idle_for((kind,))
+            if idle < gpus or not admits(host, kernel.gpus, cap, replicas, kernel.wants):
+                continue
+            key = (-idle, host.pending / host.gpus, name)
+            if best is None or key < best:
+                best, found = key, host
+        if found is not None:
+            return found
+    return None
+
+
 def best_target(
     model: ClusterModel, kernel: Kernel, cap: float, replicas: int, exclude: set[str] | None = None
 ) -> Host | None:
     """The least subscribed host that accepts a replica of ``kernel`` (for drains and requests)."""
     skip = kernel.hosts_in_use() | (exclude or set())
-    found = model.least_subscribed(1, lambda h: admits(h, kernel.gpus, cap, replicas), skip)
+    found = model.least_subscribed(1, lambda h: admits(h, kernel.gpus, cap, replicas, kernel.wants), skip)
     return found[0] if found else None
+
+
+def unmovable(kernel: Kernel, replica_id: int) -> str:
+    """Why a replica cannot be moved on request now (``""``: it can)."""
+    if replica_id not in kernel.replicas:
+        known = ", ".join(f"r{r}" for r in sorted(kernel.replicas)) or "none"
+        return f"unknown replica (replicas: {known})"
+    if replica_id in kernel.moving:
+        return "this replica is already migrating"
+    if kernel.hold is not None:
+        return f"it holds GPUs reserved for the session on {kernel.hold[0]}"
+    if kernel.running is not None and kernel.running.replica_id == replica_id:
+        return f"it is running cell {kernel.running.cell_id}; retry when it ends"
+    return ""
 
 
 def target_problem(model: ClusterModel, kernel: Kernel, target: str, cap: float, replicas: int) -> str | None:
@@ -84,9 +123,13 @@ def target_problem(model: ClusterModel, kernel: Kernel, target: str, cap: float,
         return f"{target} is draining"
     if host.cordoned:
         return f"{target} is cordoned"
-    if host.gpus < kernel.gpus:
-        return f"{target} is full: it has {host.gpus} GPUs and the kernel needs {kernel.gpus} per cell"
-    if not admits(host, kernel.gpus, cap, replicas):
+    if kernel.wants and not host.serves(kernel.wants):
+        return f"{target} has no GPUs of type {describe(kernel.wants)}, which kernel {kernel.kernel_id} asks for"
+    if host.capacity(kernel.wants) < kernel.gpus:
+        return (
+            f"{target} is full: it has {host.capacity(kernel.wants)} GPUs and the kernel needs {kernel.gpus} per cell"
+        )
+    if not admits(host, kernel.gpus, cap, replicas, kernel.wants):
         return (
             f"{target} is full: its subscription ratio would be "
             f"{ratio_after(host, kernel.gpus, replicas):.2f}, "
@@ -137,3 +180,26 @@ def abort(model: ClusterModel, kernel: Kernel, plan: MigrationPlan) -> None:
     model.migrations.pop(plan.migration_id, None)
     kernel.moving.pop(plan.replica_id, None)
     model.vacate(kernel, plan.replica_id, plan.target)
+
+
+def plan_drain(model: ClusterModel, host: Host, cap: float, replicas: int) -> tuple[list[MigrationPlan], list[str]]:
+    """Begin a move for every replica on a draining host that can move now; say why the others cannot."""
+    plans: list[MigrationPlan] = []
+    stuck: list[str] = []
+    for kernel_id, rid in list(host.replicas):
+        kernel = model.kernels[kernel_id]
+        if kernel.replicas.get(rid) != host.name or rid in kernel.moving:
+            continue  # an incoming move, or already leaving
+        if kernel.running is not None and kernel.running.replica_id == rid:
+            stuck.append(f"r{rid} of {kernel_id} is running cell {kernel.running.cell_id}")
+            continue
+        if kernel.hold is not None:
+            stuck.append(f"r{rid} of {kernel_id} holds GPUs reserved for its session")
+            continue
+        target = best_target(model, kernel, cap, replicas)
+        if target is None:
+            stuck.append(f"no host accepts r{rid} of {kernel_id}")
+            continue
+        why = f"draining {host.name}; {target.name} is the least subscribed host that accepts it"
+        plans.append(begin(model, kernel, rid, target, "drain", why))
+    return plans, stuck

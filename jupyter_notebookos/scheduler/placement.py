@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from .cluster import ClusterModel, Host, Kernel
 from .decisions import Placement, PlacementRefused, ReplicaSlot
+from .gputypes import describe
+from .pools import home_pool
 from .settings import SchedulerSettings
 from .subscription import admits, ratio_after
 
@@ -29,11 +31,12 @@ def place_replicas(
     """
     replicas = settings.replicas
     gpus = kernel.gpus
+    wants = kernel.wants
     exclude = kernel.hosts_in_use()
     widest = max(1, model.max_host_gpus)
 
     def fits(host: Host) -> bool:
-        return admits(host, gpus, limit, replicas)
+        return admits(host, gpus, limit, replicas, wants)
 
     def give_up(host: Host) -> bool:
         # The heap is ordered by pending / gpus; no later host can fit once even the widest cannot.
@@ -46,7 +49,7 @@ def place_replicas(
             rest = model.least_subscribed(count - 1, fits, exclude | {roomy.name}, give_up)
             if len(rest) == count - 1:
                 hosts = [roomy, *rest]
-                why = f"{why}, one with {roomy.idle} idle GPUs for the next cell"
+                why = f"{why}, one with {roomy.idle_for(wants)} idle GPUs for the next cell"
     if not hosts:
         hosts = model.least_subscribed(count, fits, exclude, give_up)
     if len(hosts) < count:
@@ -66,6 +69,8 @@ def host_with_headroom(
     Ties go to the least subscribed host. ``claimed`` maps hosts to idle GPUs already counted on.
     """
     exclude = kernel.hosts_in_use()
+    if kernel.wants:
+        return _typed_headroom(model, kernel, limit, replicas, claimed, exclude)
     largest = model.max_host_gpus
     tiers = range(kernel.gpus, largest + 1)
     if kernel.gpus >= model.largest_request:
@@ -87,6 +92,30 @@ def host_with_headroom(
     return None
 
 
+def _typed_headroom(
+    model: ClusterModel, kernel: Kernel, limit: float, replicas: int, claimed: dict[str, int], exclude: set[str]
+) -> Host | None:
+    """:func:`host_with_headroom` for a kernel that names GPU types: the most preferred type first, then as
+    for untyped kernels (the largest requests the most idle host, others the best fit)."""
+    largest = kernel.gpus >= model.largest_request
+    for kind in kernel.wants:
+        best: tuple[int, float, str] | None = None
+        found: Host | None = None
+        for name in model.by_type.get(kind, ()):
+            host = model.hosts[name]
+            spare = host.idle_for((kind,)) - claimed.get(name, 0)
+            if name in exclude or spare < kernel.gpus or not host.runnable or not host.placeable:
+                continue
+            if not admits(host, kernel.gpus, limit, replicas, kernel.wants):
+                continue
+            key = (-spare if largest else spare, host.pending / host.gpus, name)
+            if best is None or key < best:
+                best, found = key, host
+        if found is not None:
+            return found
+    return None
+
+
 def _refusal(
     model: ClusterModel,
     kernel: Kernel,
@@ -101,7 +130,7 @@ def _refusal(
     cordoned = sum(1 for h in hosts if h.cordoned)
     draining = sum(1 for h in hosts if h.draining and not h.cordoned)
     open_hosts = [h for h in hosts if h.placeable]
-    too_small = sum(1 for h in open_hosts if h.gpus < kernel.gpus)
+    too_small = sum(1 for h in open_hosts if h.capacity(kernel.wants) < kernel.gpus)
     over = len(open_hosts) - too_small - found
     need = f"{count} distinct hosts needed"
     if len(open_hosts) < count:
@@ -115,6 +144,10 @@ def _refusal(
             f"{limit:.2f} (cap {settings.subscription_ratio_cap:.2f})"
         )
         if too_small:
-            reason += f", {too_small} have fewer than {kernel.gpus} GPUs"
-    helps = kernel.gpus <= settings.gpus_per_host
+            of_type = f" of type {describe(kernel.wants)}" if kernel.wants else ""
+            reason += f", {too_small} have fewer than {kernel.gpus} GPUs{of_type}"
+    if settings.pools:  # adding a host of the kernel's home pool would help
+        helps = home_pool(settings.pools, kernel.gpus, kernel.wants) is not None
+    else:
+        helps = kernel.gpus <= settings.gpus_per_host and not kernel.wants
     return PlacementRefused(kernel.kernel_id, kernel.gpus, reason, count - found, helps)

@@ -28,7 +28,7 @@ def ready(model: ClusterModel, kernel: Kernel) -> bool:
         if rid in kernel.moving:
             continue
         host = hosts[name]
-        if host.runnable and host.idle >= kernel.gpus:
+        if host.runnable and host.idle_for(kernel.wants) >= kernel.gpus:
             return True
     return False
 
@@ -72,7 +72,7 @@ def plan_moves(model: ClusterModel, settings: SchedulerSettings, queued: set[str
         claimed[target.name] = claimed.get(target.name, 0) + kernel.gpus
         why = (
             f"ahead of time: none of the idle kernel's hosts can bind its {kernel.gpus} GPUs; {why_replica}; "
-            f"{target.name} has {target.idle} of {target.gpus} GPUs idle"
+            f"{target.name} has {target.idle_for(kernel.wants)} of {target.capacity(kernel.wants)} GPUs idle"
         )
         plans.append(migration.begin(model, kernel, rid, target, "prepare", why))
     return plans

@@ -7,7 +7,10 @@ frozen dataclass, which the pure policy modules read (cheaper than traitlet acce
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .pools import HostPool
+from .quotas import Quotas
 
 POLICIES = ("notebookos", "reservation", "batch")
 
@@ -40,6 +43,14 @@ class SchedulerSettings:
     prepare_on_cell_start: bool = True
     executor_fit: str = "best-fit"
     headroom_placement: bool = True
+    max_hosts: int = 0
+    pools: tuple[HostPool, ...] = ()
+    quotas: Quotas = field(default_factory=Quotas)
+    fair_share: bool = True
+    fair_share_half_life_s: float = 3600.0
+    fair_share_max_wait_s: float = 600.0
+    quota_reset_utc_offset_h: float = 0.0
+    quota_clock_offset_s: float = 0.0
 
     @property
     def replicas(self) -> int:

@@ -22,6 +22,8 @@ class HostStatus:
     simulated: bool
     cordoned: bool
     draining: bool
+    pool: str = ""
+    gpu_types: tuple[tuple[str, int], ...] = ()  # (type, devices), untyped devices under ""
 
     @staticmethod
     def of(host: Host, replicas_per_kernel: int) -> HostStatus:
@@ -37,6 +39,8 @@ class HostStatus:
             host.simulated,
             host.cordoned,
             host.draining,
+            host.pool,
+            tuple(sorted(host.type_counts.items())),
         )
 
 
@@ -80,6 +84,9 @@ class KernelStatus:
     queued: tuple[str, ...]
     moving: tuple[int, ...]
     held_devices: tuple[int, ...]
+    user: str | None = None
+    groups: tuple[str, ...] = ()
+    gpu_types: tuple[str, ...] = ()
 
     @staticmethod
     def of(kernel: Kernel, queued: tuple[str, ...]) -> KernelStatus:
@@ -93,4 +100,7 @@ class KernelStatus:
             queued,
             tuple(sorted(kernel.moving)),
             kernel.hold[1] if kernel.hold is not None else (),
+            kernel.owner.user if kernel.owner is not None else None,
+            kernel.owner.groups if kernel.owner is not None else (),
+            kernel.wants,
         )

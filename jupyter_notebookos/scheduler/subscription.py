@@ -9,6 +9,7 @@ replica only if its ratio stays at or below that limit.
 from __future__ import annotations
 
 from .cluster import Host
+from .gputypes import Wants
 
 # Float slack so that exactly reaching the limit is admitted.
 _EPSILON = 1e-9
@@ -52,9 +53,12 @@ class ClusterRatio:
         return self._sample
 
 
-def admits(host: Host, extra_pending: int, limit: float, replicas_per_kernel: int) -> bool:
-    """Whether ``host`` stays at or below ``limit`` with ``extra_pending`` more GPUs pending."""
-    if host.gpus < extra_pending:
+def admits(host: Host, extra_pending: int, limit: float, replicas_per_kernel: int, wants: Wants = ()) -> bool:
+    """Whether ``host`` stays at or below ``limit`` with ``extra_pending`` more GPUs pending, and has GPUs of a
+    type in ``wants`` (see ``gputypes``) to bind them."""
+    if wants and not host.serves(wants):
+        return False  # no device of a type the kernel asks for
+    if (host.gpus if not wants and host.general else host.capacity(wants)) < extra_pending:
         return False  # a replica there could never bind the kernel's GPUs
     return host.pending + extra_pending <= limit * host.gpus * max(1, replicas_per_kernel) + _EPSILON
 

@@ -23,9 +23,18 @@ from jupyter_notebookos.simulator.dearer import WITHOUT_READY_HOSTS, dearer_than
 from jupyter_notebookos.simulator.metrics import PolicyMetrics, saved_vs_reservation
 from jupyter_notebookos.simulator.prewarm import apply_prewarm
 from jupyter_notebookos.simulator.report import result_document, write_json, write_table
+from jupyter_notebookos.simulator.scenarios import FLOOD_GPUS_PER_HOST, FLOOD_HOSTS, SCENARIOS, flood
+from jupyter_notebookos.simulator.sharingopts import (
+    UsageError,
+    add_sharing_arguments,
+    pool_config,
+    quota_config,
+    sharing_model,
+)
 from jupyter_notebookos.simulator.simulation import Simulation, SimulationConfig
 from jupyter_notebookos.simulator.synthetic import generate
 from jupyter_notebookos.simulator.trace import TraceFormatError, read_workload
+from jupyter_notebookos.simulator.users import assign_users
 from jupyter_notebookos.simulator.windows import most_wasteful_window
 from jupyter_notebookos.simulator.workload import Workload, clip_to_window
 
@@ -51,11 +60,11 @@ SCHEDULER_KNOBS = {
     "ready_host_lead_s": "ready_host_lead_s",
     "ready_host_min": "ready_host_min",
     "ready_host_max": "ready_host_max",
+    "max_hosts": "max_hosts",
+    "fair_share": "fair_share",
+    "fair_share_half_life_s": "fair_share_half_life_s",
+    "fair_share_max_wait_s": "fair_share_max_wait_s",
 }
-
-
-class UsageError(ValueError):
-    """A bad option value; the message says which and what is allowed."""
 
 
 def _policies(text: str) -> list[str]:
@@ -94,6 +103,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a synthetic workload calibrated to the June trace's statistics",
     )
+    which.add_argument(
+        "--scenario",
+        choices=SCENARIOS,
+        help="flood: user alice floods a fixed cluster of 4 hosts x 2 GPUs with 2-GPU cells while user bob runs "
+        "short 1-GPU cells (the sharing targets; see docs/evaluation.md)",
+    )
+    source.add_argument(
+        "--flood-kernels",
+        type=int,
+        default=5,
+        help="flood scenario: alice's 2-GPU kernels (0: bob alone, the idle cluster)",
+    )
     source.add_argument(
         "--sessions",
         type=int,
@@ -103,8 +124,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--hours",
         type=float,
-        default=24.0,
-        help="synthetic: sessions arrive over this many hours, and they are what is measured",
+        default=None,
+        help="synthetic: sessions arrive over this many hours, and they are what is measured (24); flood: hours of "
+        "cells (1)",
     )
     source.add_argument("--seed", type=int, default=0, help="synthetic: random seed")
     source.add_argument(
@@ -205,11 +227,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     policy.add_argument(
         "--policies",
         type=_policies,
-        default=list(POLICY_NAMES),
-        help="comma-separated, from notebookos,reservation,batch (default: all three)",
+        default=None,
+        help="comma-separated: notebookos,reservation,batch (all three; the flood scenario: notebookos)",
     )
     defaults = CostModel()
-    policy.add_argument("--gpus-per-host", type=int, default=defaults.gpus_per_host, help="GPUs per host")
+    policy.add_argument("--gpus-per-host", type=int, default=None, help="GPUs per host (8; the flood scenario: 2)")
     policy.add_argument(
         "--container-start-s",
         type=float,
@@ -287,7 +309,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="ahead-of-time moves of idle kernels per autoscaling round (NotebookOS; 0: off)",
     )
     scaling.add_argument(
-        "--executor-fit", choices=("sticky", "best-fit"), help="NotebookOS executor choice among replicas"
+        "--executor-fit",
+        choices=("sticky", "best-fit"),
+        help="NotebookOS executor choice among replicas",
+    )
+    scaling.add_argument(
+        "--max-hosts", type=int, help="autoscaling never goes above this many hosts (0: no bound; flood: 4)"
     )
     scaling.add_argument(
         "--headroom-placement",
@@ -314,6 +341,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="hosts up at the start (default: the scheduler's minimum)",
     )
 
+    add_sharing_arguments(parser)
+
     output = parser.add_argument_group("output")
     output.add_argument("--json", action="store_true", help="print exactly one JSON object")
     output.add_argument(
@@ -329,7 +358,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> None:
     checks = [
         (args.sessions is None or args.sessions >= 1, "--sessions must be >= 1"),
-        (args.hours > 0, "--hours must be > 0"),
+        (args.hours is None or args.hours > 0, "--hours must be > 0"),
+        (args.flood_kernels >= 0, "--flood-kernels must be >= 0"),
+        (args.groups >= 0, "--groups must be >= 0"),
         (args.restore_gb_per_s > 0, "--restore-gb-per-s must be > 0"),
         (args.state_gb is None or args.state_gb >= 0, "--state-gb must be >= 0"),
         (args.idle_timeout_min >= 0, "--idle-timeout-min must be >= 0"),
@@ -342,7 +373,7 @@ def _check(args: argparse.Namespace) -> None:
         (args.prewarm_margin >= 1, "--prewarm-margin must be >= 1"),
         (args.window_hours is None or args.window_hours > 0, "--window-hours must be > 0"),
         (args.warmup_hours >= 0, "--warmup-hours must be >= 0"),
-        (args.gpus_per_host >= 1, "--gpus-per-host must be >= 1"),
+        (args.gpus_per_host is None or args.gpus_per_host >= 1, "--gpus-per-host must be >= 1"),
         (args.autoscale_interval_s > 0, "--autoscale-interval-s must be > 0"),
         (
             not (args.start_hour == MAX_WASTE and args.window_hours is None),
@@ -368,6 +399,9 @@ def _check(args: argparse.Namespace) -> None:
         "ready_host_max",
         "max_prepare_migrations_per_round",
         "initial_hosts",
+        "max_hosts",
+        "fair_share_half_life_s",
+        "fair_share_max_wait_s",
     ):
         v = getattr(args, knob)
         checks.append((v is None or v >= 0, f"--{knob.replace('_', '-')} must be >= 0"))
@@ -381,10 +415,13 @@ def _check(args: argparse.Namespace) -> None:
 
 def load_workload(args: argparse.Namespace) -> Workload:
     """The workload the options name, with the idle-culling model applied."""
-    if args.synthetic:
-        workload = generate(sessions=args.sessions, hours=args.hours, seed=args.seed, state_gb=args.state_gb)
+    if args.scenario == "flood":
+        workload = flood(hours=args.hours or 1.0, flood_kernels=args.flood_kernels, seed=args.seed)
+    elif args.synthetic:
+        workload = generate(sessions=args.sessions, hours=args.hours or 24.0, seed=args.seed, state_gb=args.state_gb)
     else:
         workload = read_workload(args.trace, split_on_gpu_change=args.split_on_gpu_change, state_gb=args.state_gb)
+    workload = assign_users(workload, args.users, args.groups, args.gpu_type_mix, args.seed)
     lead = None if args.lead_min is None else args.lead_min * 60.0
     return apply_idle_culling(
         workload,
@@ -428,12 +465,31 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args, err)
     except (UsageError, TraceFormatError, TraitError, ValueError, OSError) as error:
-        err.print(f"notebookos simulate: error: {error}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"notebookos simulate: error: {error}", markup=False, highlight=False, emoji=False, soft_wrap=True)
         return 2
+
+
+def _scenario_defaults(args: argparse.Namespace) -> None:
+    """Fill what the options left to their defaults: the flood scenario's fixed cluster, or the usual ones."""
+    if args.scenario == "flood":
+        for knob, value in (
+            ("gpus_per_host", FLOOD_GPUS_PER_HOST),
+            ("min_hosts", FLOOD_HOSTS),
+            ("max_hosts", FLOOD_HOSTS),
+            ("initial_hosts", FLOOD_HOSTS),
+            ("policies", ["notebookos"]),
+        ):
+            if getattr(args, knob) is None:
+                setattr(args, knob, value)
+    if args.gpus_per_host is None:
+        args.gpus_per_host = CostModel().gpus_per_host
+    if args.policies is None:
+        args.policies = list(POLICY_NAMES)
 
 
 def _run(args: argparse.Namespace, err: Console) -> int:
     _check(args)
+    _scenario_defaults(args)
     costs = CostModel(
         gpus_per_host=args.gpus_per_host,
         container_start_s=args.container_start_s,
@@ -447,6 +503,11 @@ def _run(args: argparse.Namespace, err: Console) -> int:
     options: dict[str, Any] = {
         trait: getattr(args, opt) for opt, trait in SCHEDULER_KNOBS.items() if getattr(args, opt) is not None
     }
+    quotas, pools = quota_config(args), pool_config(args)
+    if quotas:
+        options["quotas"] = quotas
+    if pools:
+        options["pools"] = pools
     workload = load_workload(args)
     if not workload.sessions:
         raise UsageError("the workload has no sessions")
@@ -456,7 +517,7 @@ def _run(args: argparse.Namespace, err: Console) -> int:
     span_start, span_end = workload.span_s
     # A synthetic workload's sessions arrive over --hours: that is the window measured, unless one is given (their
     # last cells can run days longer; counting that tail measured a near-empty cluster, not the workload asked for).
-    window_hours = args.hours if args.synthetic and args.window_hours is None else args.window_hours
+    window_hours = (args.hours or 24.0) if args.synthetic and args.window_hours is None else args.window_hours
     if window_hours is None:
         start_s, end_s = -math.inf, math.inf
         start_hour = max(0.0, span_start) / 3600.0
@@ -538,6 +599,9 @@ def _run(args: argparse.Namespace, err: Console) -> int:
         },
     }
     sessions_in_window = len({s.trace_session_id for s in kernels})
+    sharing = sharing_model(args, quotas, pools)
+    if sharing:
+        model["sharing"] = sharing
     document = result_document(
         start_hour, hours, (sessions_in_window, len(kernels)), tasks_in_window, summaries,
         saved_vs_reservation(summaries), model,

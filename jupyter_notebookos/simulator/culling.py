@@ -64,6 +64,7 @@ def apply_idle_culling(
         for index, tasks in enumerate(_split_at_gaps(session.tasks, timeout_s)):
             first = tasks[0].submit_s
             part = Session.from_tasks(session.session_id if index == 0 else f"{session.session_id}.{index}", tasks)
+            part = replace(part, user=session.user, groups=session.groups, gpu_types=session.gpu_types)
             end = max(t.end_s for t in tasks) + timeout_s
             if culled_at is None:
                 sessions.append(part.with_life(first - lead, end))

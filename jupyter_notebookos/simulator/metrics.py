@@ -7,6 +7,12 @@ hosts added (`scale_outs`) and removed (`scale_ins`) and restores (Batch: every 
 restarted after the idle culler) count when they begin inside it; `restored_gb` is the state that restores and
 migrations begun inside it read from the object store. `late_by_cause` counts the cells later than
 `IMMEDIATE_S` by what they waited for (`TAIL_CAUSES`), `p99_tail_by_cause` those of them at or above p99.
+
+With users (sessions that have owners), `users` gives each user's cells, GPU-hours and delay percentiles, and
+`jain_index` is Jain's fairness index, (sum x)^2 / (n sum x^2), over the users' service ratios: x is the mean
+over a user's cells of run / (run + wait), the share of a cell's time to result spent running (1: it never
+waited; a 10 ms cell that waits 10 ms: 0.5). 1 when every user's cells wait the same share of their time,
+1/n when one user's cells never wait and everyone else's wait forever.
 """
 
 from __future__ import annotations
@@ -100,6 +106,9 @@ class PolicyMetrics:
     decision_counts: dict[str, int] = field(default_factory=dict)
     late_causes: dict[str, int] = field(default_factory=dict)
     delay_causes: list[str] = field(default_factory=list)  # parallel to delays_s
+    user_delays: dict[str, list[float]] = field(default_factory=dict)
+    user_gpu_s: dict[str, float] = field(default_factory=dict)  # GPU-seconds of the user's measured cells
+    user_ratio: dict[str, float] = field(default_factory=dict)  # sum over the user's cells of run / (run + wait)
 
     @classmethod
     def start(cls, policy: str, t0: float, measure_start_s: float, measure_end_s: float) -> PolicyMetrics:
@@ -111,16 +120,30 @@ class PolicyMetrics:
         """Whether an event at `now` counts (inside the measured interval)."""
         return self.measure_start_s <= now < self.measure_end_s
 
-    def record_start(self, submit_s: float, start_s: float, cause: str = "") -> None:
+    def record_start(
+        self,
+        submit_s: float,
+        start_s: float,
+        cause: str = "",
+        user: str | None = None,
+        run_s: float = 0.0,
+        gpus: int = 0,
+    ) -> None:
         """A task started executing; its delay counts if it was submitted inside the measured interval.
 
-        `cause` says what it waited for; cells later than `IMMEDIATE_S` are counted by cause.
+        `cause` says what it waited for; cells later than `IMMEDIATE_S` are counted by cause. `user` owns it;
+        it will run `run_s` seconds on `gpus` GPUs (the per-user figures).
         """
         self.tasks_run += 1
         if self.measure_start_s <= submit_s < self.measure_end_s:
             delay = start_s - submit_s
             self.delays_s.append(delay)
             self.delay_causes.append(cause)
+            if user is not None:
+                self.user_delays.setdefault(user, []).append(delay)
+                self.user_gpu_s[user] = self.user_gpu_s.get(user, 0.0) + run_s * gpus
+                share = run_s / (run_s + delay) if run_s + delay > 0 else 1.0
+                self.user_ratio[user] = self.user_ratio.get(user, 0.0) + share
             if delay > IMMEDIATE_S:
                 key = cause or "other"
                 self.late_causes[key] = self.late_causes.get(key, 0) + 1
@@ -151,7 +174,7 @@ class PolicyMetrics:
                 late[name] = late.get(name, 0) + 1
                 if delay >= p99:
                     tail[name] = tail.get(name, 0) + 1
-        return {
+        summary: dict[str, Any] = {
             "provisioned_gpu_hours": round(provisioned, 3),
             "busy_gpu_hours": round(busy, 3),
             "utilization": round(busy / provisioned, 4) if provisioned > 0 else 0.0,
@@ -165,6 +188,27 @@ class PolicyMetrics:
             "late_by_cause": dict(sorted(late.items())),
             "p99_tail_by_cause": dict(sorted(tail.items())),
         }
+        if self.user_delays:
+            summary["users"], summary["jain_index"] = self._users()
+        return summary
+
+    def _users(self) -> tuple[dict[str, Any], float]:
+        """Per-user figures and Jain's index over the users' service ratios (see the module)."""
+        users: dict[str, Any] = {}
+        ratios: list[float] = []
+        for user in sorted(self.user_delays):
+            delays = np.asarray(self.user_delays[user], dtype=float)
+            p50, p95, p99 = (float(x) for x in np.percentile(delays, [50, 95, 99]))
+            gpu_s = self.user_gpu_s.get(user, 0.0)
+            users[user] = {
+                "cells": int(delays.size),
+                "gpu_hours": round(gpu_s / 3600.0, 3),
+                "delay_s": {"p50": _r(p50), "p95": _r(p95), "p99": _r(p99), "max": _r(float(delays.max()))},
+            }
+            ratios.append(self.user_ratio.get(user, 0.0) / delays.size)
+        x = np.asarray(ratios)
+        jain = float(x.sum() ** 2 / (x.size * (x**2).sum())) if (x**2).sum() > 0 else 1.0
+        return users, round(jain, 4)
 
 
 def _r(x: float) -> float:

@@ -43,6 +43,9 @@ def apply_prewarm(workload: Workload, settings: PrewarmSettings) -> tuple[Worklo
                     gpus=session.gpus,
                     resumed=True,
                     restore_bytes=session.restore_bytes,  # its standby replicas restore the culled state
+                    user=session.user,
+                    groups=session.groups,
+                    gpu_types=session.gpu_types,
                 )
             )
         sessions.append(session)

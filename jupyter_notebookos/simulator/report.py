@@ -88,6 +88,9 @@ def write_table(
     console.print(table)
     if document.get("why_notebookos_bills_more"):
         console.print(document["why_notebookos_bills_more"], highlight=False)
+    for name, p in document["policies"].items():
+        if p.get("users"):
+            write_users(name, p["users"], p["jain_index"], console)
     for name, causes in (late or {}).items():
         if causes:
             ranked = sorted(causes.items(), key=lambda kv: -kv[1])
@@ -114,3 +117,28 @@ def write_table(
             "windows expired (whole workload)",
             highlight=False,
         )
+
+
+#: Above this many users the table shows the users whose cells waited longest (p95) only.
+USER_ROWS = 12
+
+
+def write_users(policy: str, users: dict[str, Any], jain: float, console: Console) -> None:
+    """Per-user delays of one policy, and Jain's fairness index over the users."""
+    shown = sorted(users.items(), key=lambda item: (-item[1]["delay_s"]["p95"], item[0]))[:USER_ROWS]
+    which = "" if len(users) <= USER_ROWS else f", the {USER_ROWS} with the longest p95 of {len(users)}"
+    table = Table(title=f"{policy}: delay per user{which}; Jain's fairness index {jain:.3f}")
+    for column in ("user", "cells", "GPU-h", "delay p50 s", "p95 s", "p99 s", "max s"):
+        table.add_column(column, justify="left" if column == "user" else "right")
+    for user, u in sorted(shown):
+        d = u["delay_s"]
+        table.add_row(
+            user,
+            str(u["cells"]),
+            f"{u['gpu_hours']:,.1f}",
+            f"{d['p50']:.3f}",
+            f"{d['p95']:.2f}",
+            f"{d['p99']:.2f}",
+            f"{d['max']:.1f}",
+        )
+    console.print(table)

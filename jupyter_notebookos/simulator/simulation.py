@@ -26,6 +26,10 @@ What the engine adds around the scheduler (the scheduler has no view of these):
 - Hosts are billed from the request (`host_provision_s` before they take replicas) until `host_release_s`
   after the scheduler removed them (stop and deprovisioning). A migration holds the GPUs it reserved on
   its target (cell-triggered) and the source replica's host slot until it completes.
+- Sessions may have owners (`Session.user`, `groups`) and wanted GPU types (`gpu_types`): the scheduler's quotas,
+  fair share and typed placement act on them. With host pools (`Scheduler.pools`), hosts are added per pool:
+  what the autoscaler's `add_by_pool` says, and for a waiting kernel or a blocked cell its home pool; each
+  pool's hosts are billed by their own GPU count. Hosts are never asked beyond `max_hosts` (or a pool's).
 - Sessions are closed loops: a user submits the next cell when the previous one has returned, after the
   idle gap the trace shows between them (trace submission minus trace end of the previous task). So a
   delayed cell delays the rest of its session instead of piling cells up behind it, and each cell's delay
@@ -43,17 +47,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_notebookos.scheduler import (
+    HostPool,
     HostSpec,
     MigrateThenRun,
     MigrationCompleted,
     MigrationPlan,
+    Owner,
     Placement,
     PlacementRefused,
+    QueueDispatch,
     RejectCell,
     RunCell,
     ScalingDecision,
     Scheduler,
     WaitInQueue,
+    home_pool,
+    parse_wants,
 )
 from jupyter_notebookos.simulator.costs import CostModel
 from jupyter_notebookos.simulator.metrics import PolicyMetrics
@@ -146,10 +155,13 @@ class Simulation:
         self._index = {s.session_id: i for i, s in enumerate(workload.sessions)}
         self._waiting: deque[int] = deque()  # sessions whose placement was refused, FIFO
         self._session_need: dict[int, tuple[int, int]] = {}  # waiting session -> (hosts short, GPUs short)
-        self._cell_claims = 0  # hosts asked for blocked cells and not yet arrived
-        self._provisioning = 0
+        self._cell_claims: dict[str, int] = {}  # per pool: hosts asked for blocked cells, not yet arrived
+        self._pools: dict[str, HostPool] = {p.name: p for p in self.scheduler.settings.pools}
+        self._pool_index = {name: i for i, name in enumerate(self._pools)}
+        self._provisioning: dict[str, int] = {name: 0 for name in self._pools or [""]}
         self._host_seq = 0
         self._hosts_up = 0
+        self._gpus_up = 0  # billed: hosts up (or on the way, or going) by their GPUs
         self._active = 0
         self._migration_cell: dict[int, tuple[int, int]] = {}
         t0, _ = workload.span_s
@@ -164,13 +176,17 @@ class Simulation:
 
     def run(self) -> PolicyMetrics:
         """Play every event; returns the metrics of the run."""
-        gpus = self.costs.gpus_per_host
-        initial = self.config.initial_hosts
-        if initial is None:
-            initial = self.scheduler.settings.min_hosts
-        for _ in range(initial):
-            self._add_host(self.t0)
-        self.metrics.provisioned_gpus.set(self.t0, self._hosts_up * gpus)
+        if self._pools:  # each pool starts with its minimum
+            for name, pool in self._pools.items():
+                for _ in range(pool.min_hosts):
+                    self._add_host(self.t0, name)
+        else:
+            initial = self.config.initial_hosts
+            if initial is None:
+                initial = self.scheduler.settings.min_hosts
+            for _ in range(initial):
+                self._add_host(self.t0, "")
+        self.metrics.provisioned_gpus.set(self.t0, self._gpus_up)
         for i, session in enumerate(self._sessions):
             self._push(session.start_s, SESSION_START, i)
             self._push(session.end_s, SESSION_END, i)
@@ -210,32 +226,53 @@ class Simulation:
 
     # --- hosts ----------------------------------------------------------------------------------------
 
-    def _add_host(self, now: float) -> None:
-        self._host_seq += 1
-        self.scheduler.add_host(HostSpec(f"host-{self._host_seq}", self.costs.gpus_per_host), now)
-        self._hosts_up += 1
+    def _host_gpus(self, pool: str) -> int:
+        return self._pools[pool].gpus if pool else self.costs.gpus_per_host
 
-    def _provision(self, now: float, count: int) -> None:
+    def _add_host(self, now: float, pool: str) -> None:
+        self._host_seq += 1
+        if pool:
+            spec = self._pools[pool].host_spec(f"{pool}-{self._host_seq}")
+        else:
+            spec = HostSpec(f"host-{self._host_seq}", self.costs.gpus_per_host)
+        self.scheduler.add_host(spec, now)
+        self._hosts_up += 1
+        self._gpus_up += spec.gpus
+
+    def _room(self, pool: str) -> float:
+        """How many more hosts the pool may have (hosts up and on the way count)."""
+        most = self._pools[pool].max_hosts if pool else self.scheduler.settings.max_hosts
+        if not most:
+            return math.inf
+        have = sum(1 for h in self.scheduler.model.hosts.values() if h.pool == pool)
+        return most - have - self._provisioning[pool]
+
+    def _provision(self, now: float, count: int, pool: str = "") -> None:
+        count = int(min(count, self._room(pool)))
         if count <= 0:
             return
-        self._provisioning += count
+        self._provisioning[pool] += count
         self._hosts_up += count  # billed from the request on
-        self.metrics.provisioned_gpus.set(now, self._hosts_up * self.costs.gpus_per_host)
+        self._gpus_up += count * self._host_gpus(pool)
+        self.metrics.provisioned_gpus.set(now, self._gpus_up)
         if self.metrics.measuring(now):
             self.metrics.scale_outs += count
         for _ in range(count):
-            self._push(now + self.costs.host_provision_s, HOST_READY)
+            self._push(now + self.costs.host_provision_s, HOST_READY, self._pool_index.get(pool, 0))
 
     def _on_host_ready(self, now: float, a: int, b: int) -> None:
-        self._provisioning -= 1
-        self._cell_claims = max(0, self._cell_claims - 1)
+        pool = list(self._pools)[a] if self._pools else ""
+        self._provisioning[pool] -= 1
+        self._cell_claims[pool] = max(0, self._cell_claims.get(pool, 0) - 1)
         self._hosts_up -= 1  # _add_host counts it again
-        self._add_host(now)
+        self._gpus_up -= self._host_gpus(pool)
+        self._add_host(now, pool)
         self._retry_waiting(now)
         self._dispatch(now)
 
     def _on_autoscale(self, now: float, a: int, b: int) -> None:
-        decision = self.scheduler.autoscale(now, self._provisioning)
+        coming = self._provisioning if self._pools else self._provisioning[""]
+        decision = self.scheduler.autoscale(now, coming)
         self._apply_scaling(now, decision)
         self._retry_waiting(now)
         if self._waiting or self._active:
@@ -243,21 +280,26 @@ class Simulation:
 
     def _apply_scaling(self, now: float, decision: ScalingDecision) -> None:
         self._count(decision)
-        if decision.add_hosts:
+        if decision.add_by_pool:
+            for pool, count in decision.add_by_pool:
+                self._provision(now, count, pool)
+        elif decision.add_hosts:
             self._provision(now, decision.add_hosts)
         for plan in decision.migrations:
             self._begin_migration(now, plan)
         for name in decision.remove:
+            gpus = self.scheduler.model.hosts[name].gpus
             self.scheduler.remove_host(name, now)
-            self._push(now + self.costs.host_release_s, HOST_GONE)  # billed until it is gone
+            self._push(now + self.costs.host_release_s, HOST_GONE, gpus)  # billed until it is gone
             if self.metrics.measuring(now):
                 self.metrics.scale_ins += 1
         if decision.undrain:
             self._dispatch(now)
 
-    def _on_host_gone(self, now: float, a: int, b: int) -> None:
+    def _on_host_gone(self, now: float, gpus: int, b: int) -> None:
         self._hosts_up -= 1
-        self.metrics.provisioned_gpus.set(now, self._hosts_up * self.costs.gpus_per_host)
+        self._gpus_up -= gpus
+        self.metrics.provisioned_gpus.set(now, self._gpus_up)
 
     # --- sessions -------------------------------------------------------------------------------------
 
@@ -271,7 +313,8 @@ class Simulation:
         """Try to place session i's kernel; False if it must wait for hosts."""
         session = self._sessions[i]
         state = self._state[i]
-        decision = self.scheduler.start_kernel(session.session_id, session.gpus, now)
+        owner = Owner(session.user, session.groups) if session.user is not None else None
+        decision = self.scheduler.start_kernel(session.session_id, session.gpus, now, owner, session.gpu_types)
         self._count(decision)
         self._session_need.pop(i, None)
         if isinstance(decision, Placement):
@@ -300,17 +343,29 @@ class Simulation:
         hold their missing replicas' GPU requests at the subscription cap (NotebookOS) or one-to-one
         (Reservation), whichever is more. A kernel that still does not fit asks again on its next retry.
         """
-        need = self._cell_claims
-        if self._session_need:
-            settings = self.scheduler.settings
-            per_host = float(self.costs.gpus_per_host)
+        need = dict(self._cell_claims)
+        by_pool: dict[str, list[tuple[int, int]]] = {}
+        for i, short in self._session_need.items():
+            by_pool.setdefault(self._home(i), []).append(short)
+        settings = self.scheduler.settings
+        for pool, shorts in by_pool.items():
+            per_host = float(self._host_gpus(pool))
             if self.policy == "notebookos":
                 per_host *= max(1, settings.replicas) * settings.subscription_ratio_cap
-            most_short = max(short for short, _ in self._session_need.values())
-            gpus_short = sum(gpus for _, gpus in self._session_need.values())
-            need += max(most_short, math.ceil(gpus_short / per_host))
-        if need > self._provisioning:
-            self._provision(now, need - self._provisioning)
+            most_short = max(short for short, _ in shorts)
+            gpus_short = sum(gpus for _, gpus in shorts)
+            need[pool] = need.get(pool, 0) + max(most_short, math.ceil(gpus_short / per_host))
+        for pool, count in need.items():
+            if count > self._provisioning[pool]:
+                self._provision(now, count - self._provisioning[pool], pool)
+
+    def _home(self, i: int) -> str:
+        """The pool hosts are asked from for session i's kernel (``""`` without pools)."""
+        if not self._pools:
+            return ""
+        session = self._sessions[i]
+        home = home_pool(tuple(self._pools.values()), session.gpus, parse_wants(session.gpu_types))
+        return home.name if home is not None else next(iter(self._pools))
 
     def _reject_session(self, now: float, i: int) -> None:
         state = self._state[i]
@@ -390,9 +445,13 @@ class Simulation:
             self._begin_migration(now, decision.migration)
         elif isinstance(decision, WaitInQueue):
             cause = "queue (scale-out)" if decision.scale_out_would_help else "queue"
-            self._state[self._index[decision.kernel_id]].causes.append(cause)
+            if decision.quota is not None:
+                cause = "queue (quota)"
+            i = self._index[decision.kernel_id]
+            self._state[i].causes.append(cause)
             if decision.scale_out_would_help and self.config.scale_out_on_wait:
-                self._cell_claims += 1
+                pool = self._home(i)
+                self._cell_claims[pool] = self._cell_claims.get(pool, 0) + 1
                 self._request_hosts(now)
         elif isinstance(decision, RejectCell):
             i = self._index[decision.kernel_id]
@@ -422,7 +481,8 @@ class Simulation:
         task = self._sessions[i].tasks[k]
         state = self._state[i]
         state.state_bytes = task.state_bytes  # the kernel now holds this cell's model
-        self.metrics.record_start(state.submit_at, now, " then ".join(dict.fromkeys(state.causes)))
+        cause = " then ".join(dict.fromkeys(state.causes))
+        self.metrics.record_start(state.submit_at, now, cause, self._sessions[i].user, task.duration_s, task.gpus)
         self.metrics.busy_gpus.add(now, task.gpus)
         self.metrics.committed_gpus.set(now, self.scheduler.model.busy)
         self._push(now + task.duration_s, TASK_END, i, k)
@@ -452,10 +512,13 @@ class Simulation:
     def _dispatch(self, now: float) -> None:
         if not len(self.scheduler.queue):
             return
-        dispatch = self.scheduler.dispatch_queued(now)
+        dispatch: QueueDispatch = self.scheduler.dispatch_queued(now)
         for decision in dispatch.started:
             self._count(decision)
             self._handle_cell(now, decision)
+        for rejected in dispatch.rejected:  # GPU-hours ran out while they waited
+            self._count(rejected)
+            self._handle_cell(now, rejected)
 
     # --- migrations -----------------------------------------------------------------------------------
 

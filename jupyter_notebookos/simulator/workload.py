@@ -43,6 +43,9 @@ class Session:
     when the culler ended the previous kernel of the trace session, and `return_gaps_s` the earlier
     cull-to-return gaps of that trace session (its own history, which pre-warming may use), and
     `restore_bytes` the state the culled kernel held (its last task's), which the restore reads.
+
+    `user` and `groups` say who owns the kernel (quotas and fair share count against them; None: nobody, as
+    without `--users`), `gpu_types` the GPU types it asks for, most preferred first (see `users`).
     """
 
     session_id: str
@@ -55,6 +58,9 @@ class Session:
     culled_at_s: float | None = None
     return_gaps_s: tuple[float, ...] = ()
     restore_bytes: int = 0
+    user: str | None = None
+    groups: tuple[str, ...] = ()
+    gpu_types: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.gpus <= 0:
