@@ -188,6 +188,11 @@ class Planner:
                 future.set_result(started)
             else:
                 self.scheduler.cell_finished(started.kernel_id, started.cell_id, now=now())
+        for rejected in dispatch.rejected:  # their user's GPU-hours ran out while they waited
+            self._log_decision(rejected)
+            future = self._waiting.get((rejected.kernel_id, rejected.cell_id))
+            if future is not None and not future.done():
+                future.set_exception(CellRejected(rejected.reason))
 
     def kernel_stopped(self, kernel_id: str) -> None:
         """The kernel is stopping: its cells waiting in the queue are refused."""
