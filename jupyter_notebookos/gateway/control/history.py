@@ -276,7 +276,7 @@ class ClusterHistory(PeriodicRounds, LoggingConfigurable):
         previous, self._buckets = self._buckets, buckets
         started = (buckets[-1][1] - dict(previous).get(buckets[-1][0], 0.0)) if buckets else 0.0
         sample = HistorySample(
-            at=now,
+            at=round(now, 3),  # as the JSON says it: ?since= that time is after this sample
             gpus=sum(h["gpus"] for h in view["hosts"]),
             gpus_committed=sum(h["gpus_committed"] for h in view["hosts"]),
             gpus_pending=sum(h["gpus_pending"] for h in view["hosts"]),
