@@ -384,6 +384,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         self.log.setLevel(self.log_level)
         dates.install()
         self.init_identities()
+        self._allow_only_listed_kernels()
         super().init_configurables()
         # The autoscaler thinks in hosts of the embedded mode's size unless configured otherwise.
         sized_hosts: dict[str, Any] = {}
@@ -405,6 +406,15 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
             provisioner=SimulatedHostProvisioner(parent=self, existing=self.simulated_hosts, **sized),
             log=self.log,
         )
+
+    def _allow_only_listed_kernels(self) -> None:
+        """``EG_ALLOWED_KERNELS`` (the kernelspecs users may start, comma-separated; the helm chart sets it) as
+        ``KernelSpecManager.whitelist``, unless that is configured itself. Enterprise Gateway 3.3 does not read the
+        variable (its container's start script did), so without this every installed kernelspec would be offered,
+        the image's plain ``python3`` too, which runs inside the gateway's own pod."""
+        allowed = {name.strip() for name in os.environ.get("EG_ALLOWED_KERNELS", "").split(",") if name.strip()}
+        if allowed and "whitelist" not in self.config.get("KernelSpecManager", {}):
+            self.config.KernelSpecManager.whitelist = allowed
 
     def _platform_settings(self, *, simulated_hosts: int) -> PlatformSettings:
         """The platform's configuration, from this app's traitlets; one it cannot be built from ends the gateway
