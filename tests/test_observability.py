@@ -4,6 +4,7 @@ timeline, and the CLI (status, one kernel, --watch, migrate, and its one-line er
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-from support import NOTEBOOKOS, REPO, Platform, free_port, start_platform, stop_platform, wait_for
+from support import NOTEBOOKOS, REPO, Platform, free_port, kill_the_gateway, start_platform, stop_platform, wait_for
 
 from jupyter_notebookos.cli import main
 from jupyter_notebookos.client import GatewayClient
@@ -51,6 +52,8 @@ def ops_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         f"NotebookOSGatewayApp.metrics_token={METRICS}",
         "--gateway-option",
         "ClusterHistory.interval=1",  # the dashboard's history: a sample every second
+        "--gateway-option",
+        "ClusterHistory.usage_write_interval=1",  # GPU-seconds per user written to etcd every second
     )
     try:
         yield platform
@@ -491,3 +494,41 @@ def test_help_shows_the_defaults(notebookos: Callable[..., Run]) -> None:
     assert "--host" in notebookos("migrate", "--help").stdout
     both = notebookos("status", "--json", "--watch")
     assert both.returncode == 2 and "--json and --watch do not go together" in both.stderr
+
+
+def test_gpu_seconds_and_the_notebook_survive_a_gateway_restart(ops_up: Platform) -> None:
+    """Last in this module: it kills the gateway (`notebookos up` starts another, which re-attaches the kernels).
+    A user's GPU-hours per day and their kernel's GPU-seconds were in etcd; the new gateway's routers count from 0,
+    and the views add what the previous one wrote. The notebook's path comes back with the kernel's session."""
+    alice = GatewayClient(ops_up.url, ALICE)
+    notebook = "/home/alice/project/restart.ipynb"
+    kernel_id = alice.start_kernel(KERNEL, env={"JPY_SESSION_NAME": notebook})
+    try:
+        with alice.connect(kernel_id) as conn:
+            assert conn.execute("import time; time.sleep(1.5)").status == "ok"
+        admin = ops_up.client
+
+        def totals() -> tuple[float, float]:
+            days = admin.request("GET", "/api/notebookos/history")["gpu_hours_per_user_per_day"]
+            return sum(d["gpu_hours"] for d in days if d["user"] == "alice") * 3600, admin.notebookos_kernel(kernel_id)[
+                "gpu_seconds_total"
+            ]
+
+        def at_least(seconds: float) -> Callable[[], tuple[float, float] | None]:
+            def check() -> tuple[float, float] | None:
+                now = totals()
+                return now if min(now) >= seconds else None
+
+            return check
+
+        before = wait_for(at_least(1.4), 30, "alice's GPU-seconds counted")
+        time.sleep(2.5)  # a write to etcd (usage_write_interval is 1 s here)
+        kill_the_gateway(ops_up, admin, kernel_id)
+        after = wait_for(at_least(min(before) - 0.01), 30, "the GPU-seconds read back by the new gateway")
+        assert after[0] >= before[0] - 0.01, (before, after)  # alice's day, as the previous gateway wrote it
+        again = admin.notebookos_kernel(kernel_id)
+        assert again["gpu_seconds_used"] == 0.0  # this gateway's router counted nothing yet
+        assert again["notebook"] == notebook
+    finally:
+        with contextlib.suppress(Exception):
+            alice.shutdown_kernel(kernel_id)
