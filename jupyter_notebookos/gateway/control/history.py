@@ -18,6 +18,7 @@ also shows the last hours without one. :class:`ClusterHistory` is a round
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import deque
@@ -271,7 +272,9 @@ class ClusterHistory(PeriodicRounds, LoggingConfigurable):
         """Take one sample (and write the usage totals when they are due)."""
         now = self._clock()
         view = self.platform.views.cluster_snapshot()
-        self.readings.refresh(view["kernels"], [h["name"] for h in view["hosts"]])
+        # psutil and NVML read /proc and the driver: in a thread, so a large cluster's readings never hold the loop
+        # (and the cells it serves) for long. The view is this round's own: nothing else touches it meanwhile.
+        await asyncio.to_thread(self.readings.refresh, view["kernels"], [h["name"] for h in view["hosts"]])
         buckets = histogram_buckets(self.platform.metrics.queued_seconds)
         previous, self._buckets = self._buckets, buckets
         started = (buckets[-1][1] - dict(previous).get(buckets[-1][0], 0.0)) if buckets else 0.0
