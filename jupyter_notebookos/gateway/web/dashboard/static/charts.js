@@ -78,8 +78,8 @@
     const { ticks, seconds } = timeTicks(t0, t1);
     for (const t of ticks) {
       axis.append(node("line", { class: "mark", x1: x(t), x2: x(t), y1: base, y2: base + 4 }));
-      const anchor = x(t) > WIDTH - MARGIN.right - 20 ? "end" : "middle"; // the last label stays inside
-      axis.append(node("text", { class: "tick", x: x(t), y: base + 14, "text-anchor": anchor }, clock(t, seconds)));
+      if (x(t) > WIDTH - MARGIN.right - 18) continue; // a label cut by the edge: the mark alone
+      axis.append(node("text", { class: "tick", x: x(t), y: base + 14, "text-anchor": "middle" }, clock(t, seconds)));
     }
     axis.append(node("text", { class: "axis-label", x: (MARGIN.left + WIDTH - MARGIN.right) / 2, y: HEIGHT - 3, "text-anchor": "middle" }, label));
     svg.append(axis);
