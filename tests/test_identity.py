@@ -106,7 +106,7 @@ def test_every_route_enterprise_gateway_guards_identifies_users() -> None:
     ]
     # Every one identifies users, but the object broker's: replicas reach it with their kernel's object token
     # (signing), then with the URL it signed (the data of a store the gateway serves itself).
-    assert len(ours) == 8 and [cls.__name__ for cls in ours if not issubclass(cls, IdentifiedHandlerMixin)] == [
+    assert len(ours) == 11 and [cls.__name__ for cls in ours if not issubclass(cls, IdentifiedHandlerMixin)] == [
         "ObjectBrokerHandler",
         "ObjectDataHandler",
     ]

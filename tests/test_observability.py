@@ -4,6 +4,7 @@ timeline, and the CLI (status, one kernel, --watch, migrate, and its one-line er
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -20,9 +21,10 @@ from pathlib import Path
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-from support import NOTEBOOKOS, REPO, Platform, free_port, start_platform, stop_platform
+from support import NOTEBOOKOS, REPO, Platform, free_port, kill_the_gateway, start_platform, stop_platform, wait_for
 
 from jupyter_notebookos.cli import main
+from jupyter_notebookos.client import GatewayClient
 
 KERNEL = "python3-notebookos"
 ALICE = "alice-" + secrets.token_hex(16)
@@ -48,6 +50,10 @@ def ops_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         f"NotebookOSGatewayApp.user_tokens_file={tokens}",
         "--gateway-option",
         f"NotebookOSGatewayApp.metrics_token={METRICS}",
+        "--gateway-option",
+        "ClusterHistory.interval=1",  # the dashboard's history: a sample every second
+        "--gateway-option",
+        "ClusterHistory.usage_write_interval=1",  # GPU-seconds per user written to etcd every second
     )
     try:
         yield platform
@@ -217,6 +223,75 @@ def test_the_dashboard_page_is_the_admins(ops_up: Platform) -> None:
     assert script.status_code == 200 and "api/notebookos/cluster" in script.text
     moved = requests.get(f"{ops_up.url}/notebookos?token=x", allow_redirects=False, timeout=30)
     assert moved.status_code in (301, 302) and moved.headers["Location"] == "/notebookos/?token=x"
+
+
+def test_the_admins_actions_and_the_history_are_refused_to_users(ops_up: Platform, kernel: str) -> None:
+    """Draining a host, putting it back and the cluster's history (every user's GPU-hours) are the admin's; a user
+    may not migrate or delete the admin's kernel either. Each refusal is a 403 that says why, and changes nothing."""
+    url = ops_up.url
+    as_alice = {"Authorization": f"token {ALICE}"}
+    for method, path, why in [
+        ("POST", "/api/notebookos/hosts/host-0/drain", "draining a host"),
+        ("POST", "/api/notebookos/hosts/host-0/undrain", "draining a host"),
+        ("GET", "/api/notebookos/history", "history"),
+        ("POST", f"/api/notebookos/kernels/{kernel}/replicas/0/migrate", "belongs to another user"),
+        ("DELETE", f"/api/kernels/{kernel}", "belongs to another user"),
+    ]:
+        refused = requests.request(method, url + path, headers=as_alice, timeout=30)
+        assert refused.status_code == 403 and why in refused.json()["message"], (path, refused.text)
+        metrics_token = requests.request(method, url + path, headers={"Authorization": f"Bearer {METRICS}"}, timeout=30)
+        assert metrics_token.status_code == 403, path
+    cluster = ops_up.client.request("GET", "/api/notebookos/cluster")
+    assert not any(h["draining"] for h in cluster["hosts"]) and kernel in [k["kernel_id"] for k in cluster["kernels"]]
+    unknown = requests.post(f"{url}/api/notebookos/hosts/no-such-host/drain", headers=_admin(ops_up), timeout=30)
+    assert unknown.status_code == 404 and "no host 'no-such-host' (hosts: host-0, host-1" in unknown.json()["message"]
+
+
+def test_history_counts_a_users_gpu_hours_and_the_kernel_views_say_what_they_hold(ops_up: Platform) -> None:
+    """alice runs a cell holding one GPU for about a second: the history counts it under her name today, the
+    cluster view shows her kernel's notebook, idle time, replica memory and GPU-seconds, and the admin's
+    history has samples with the committed GPU."""
+    alice = GatewayClient(ops_up.url, ALICE)
+    notebook = "/home/alice/project/train.ipynb"  # as JupyterLab sends it (GatewayClient.allowed_envs)
+    kernel_id = alice.start_kernel(KERNEL, env={"JPY_SESSION_NAME": notebook})
+    try:
+        with alice.connect(kernel_id) as conn:
+            assert conn.execute("import time; time.sleep(1.2)").status == "ok"
+        admin = ops_up.client
+
+        def alices_hours() -> float:
+            days = admin.request("GET", "/api/notebookos/history")["gpu_hours_per_user_per_day"]
+            return sum(d["gpu_hours"] for d in days if d["user"] == "alice")
+
+        wait_for(lambda: alices_hours() * 3600 >= 1.1, 30, "alice's GPU-seconds in the history")
+        history = admin.request("GET", "/api/notebookos/history")
+        assert history["interval"] == 1.0 and history["capacity"] == 6 * 3600
+        samples = history["samples"]
+        assert any(s["gpus_committed"] >= 1 for s in samples) and all(s["gpus"] == 8 for s in samples)
+        assert sum(s["gpu_seconds_by_user"].get("alice", 0.0) for s in samples) >= 1.1
+        assert any(s["cells_started"] >= 1 and s["queue_wait_seconds"]["p50"] is not None for s in samples)
+        later = admin.request("GET", f"/api/notebookos/history?since={samples[-1]['at']}")["samples"]
+        assert all(s["at"] > samples[-1]["at"] for s in later)
+
+        # alice sees her own kernel in full, the admin sees it too; neither view invents what it cannot know.
+        mine = next(k for k in alice.request("GET", "/api/notebookos/cluster")["kernels"] if k["kernel_id"])
+        assert mine["kernel_id"] == kernel_id and mine["notebook"] == notebook and mine["residency"] == "resident"
+        assert mine["idle_seconds"] is not None and mine["gpu_seconds_total"] >= 1.1
+        assert mine["memory_bytes"] > 3 * 10_000_000 and all(r["memory_bytes"] for r in mine["replicas"])
+        hosts = admin.request("GET", "/api/notebookos/cluster")["hosts"]
+        assert all(h["health"] == "ok" and h["shares_machine_memory"] for h in hosts)
+        assert all("gpu_readings" not in h for h in hosts)  # simulated GPUs: no NVML readings, no invented ones
+        assert sum(h["memory_bytes"] for h in hosts) >= mine["memory_bytes"]
+        one = alice.notebookos_kernel(kernel_id)
+        assert one["notebook"] == notebook and one["gpu_seconds_total"] >= 1.1
+        others = alice.request("GET", "/api/notebookos/cluster")["kernels"]
+        assert all("notebook" not in k and "memory_bytes" not in k for k in others if k["kernel_id"] is None)
+    finally:
+        alice.shutdown_kernel(kernel_id)
+
+
+def _admin(platform: Platform) -> dict[str, str]:
+    return {"Authorization": f"token {platform.token}"}
 
 
 def test_migrate_from_the_cli_shows_in_status_and_in_the_timeline(
@@ -419,3 +494,41 @@ def test_help_shows_the_defaults(notebookos: Callable[..., Run]) -> None:
     assert "--host" in notebookos("migrate", "--help").stdout
     both = notebookos("status", "--json", "--watch")
     assert both.returncode == 2 and "--json and --watch do not go together" in both.stderr
+
+
+def test_gpu_seconds_and_the_notebook_survive_a_gateway_restart(ops_up: Platform) -> None:
+    """Last in this module: it kills the gateway (`notebookos up` starts another, which re-attaches the kernels).
+    A user's GPU-hours per day and their kernel's GPU-seconds were in etcd; the new gateway's routers count from 0,
+    and the views add what the previous one wrote. The notebook's path comes back with the kernel's session."""
+    alice = GatewayClient(ops_up.url, ALICE)
+    notebook = "/home/alice/project/restart.ipynb"
+    kernel_id = alice.start_kernel(KERNEL, env={"JPY_SESSION_NAME": notebook})
+    try:
+        with alice.connect(kernel_id) as conn:
+            assert conn.execute("import time; time.sleep(1.5)").status == "ok"
+        admin = ops_up.client
+
+        def totals() -> tuple[float, float]:
+            days = admin.request("GET", "/api/notebookos/history")["gpu_hours_per_user_per_day"]
+            return sum(d["gpu_hours"] for d in days if d["user"] == "alice") * 3600, admin.notebookos_kernel(kernel_id)[
+                "gpu_seconds_total"
+            ]
+
+        def at_least(seconds: float) -> Callable[[], tuple[float, float] | None]:
+            def check() -> tuple[float, float] | None:
+                now = totals()
+                return now if min(now) >= seconds else None
+
+            return check
+
+        before = wait_for(at_least(1.4), 30, "alice's GPU-seconds counted")
+        time.sleep(2.5)  # a write to etcd (usage_write_interval is 1 s here)
+        kill_the_gateway(ops_up, admin, kernel_id)
+        after = wait_for(at_least(min(before) - 0.01), 30, "the GPU-seconds read back by the new gateway")
+        assert after[0] >= before[0] - 0.01, (before, after)  # alice's day, as the previous gateway wrote it
+        again = admin.notebookos_kernel(kernel_id)
+        assert again["gpu_seconds_used"] == 0.0  # this gateway's router counted nothing yet
+        assert again["notebook"] == notebook
+    finally:
+        with contextlib.suppress(Exception):
+            alice.shutdown_kernel(kernel_id)

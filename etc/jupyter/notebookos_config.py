@@ -33,6 +33,10 @@ c = get_config()  # noqa: F821 - provided by traitlets when the file is loaded
 # c.EtcdMaintenance.min_free_fraction = 0.5        # defragment a member whose file is this much free space
 # c.EtcdMaintenance.min_free_bytes = 67108864      # ... and at least this many bytes
 # c.EtcdMaintenance.defragment_timeout = 120.0
+# c.ClusterHistory.interval = 15.0                 # seconds between samples of the dashboard's history (0: off)
+# c.ClusterHistory.hours = 6.0                     # hours of samples kept in memory
+# c.ClusterHistory.usage_write_interval = 60.0     # seconds between writes of GPU-seconds per user and day to etcd
+# c.ClusterHistory.usage_days = 90                 # days of GPU-seconds per user kept in etcd
 
 # --- Embedded mode: simulated hosts on this machine ----------------------------------------------------------
 # c.NotebookOSGatewayApp.simulated_hosts = 4

@@ -22,6 +22,10 @@ Key (below the prefix)             Value (writer)                               
                                    cell holding the device (router)
 ``/quarantine/{key}``              a malformed value moved out of ``{key}`` (below    --
                                    the prefix), with why and when (gateway)
+``/usage/kernels/{kernel_id}``     GPU-seconds the kernel used, over gateway          --
+                                   restarts (gateway's history)
+``/usage/days/{day}/{user}``       GPU-seconds a user's kernels used on that UTC day  --
+                                   (gateway's history; user percent-encoded)
 =================================  =================================================  ============
 
 Note: ``/kernels/{kernel_id}`` and its sub-keys share the ``/kernels/`` prefix; list sessions with
@@ -128,6 +132,22 @@ class KeyLayout:
 
     def gpu(self, host: str, device: int | str) -> str:
         return f"{self.host_gpus_prefix(host)}{_segment(str(device), 'GPU device')}"
+
+    # -- GPU usage, kept over gateway restarts (the dashboard's history) -------------------------------
+    def usage_kernels_prefix(self) -> str:
+        """Every kernel's GPU-seconds."""
+        return f"{self.prefix}/usage/kernels/"
+
+    def usage_kernel(self, kernel_id: str) -> str:
+        return f"{self.usage_kernels_prefix()}{_segment(kernel_id, 'kernel id')}"
+
+    def usage_days_prefix(self) -> str:
+        """Every user's GPU-seconds per day."""
+        return f"{self.prefix}/usage/days/"
+
+    def usage_day(self, day: str, user: str) -> str:
+        """GPU-seconds of ``user`` (a key segment: percent-encoded by its writer) on UTC ``day`` (YYYY-MM-DD)."""
+        return f"{self.usage_days_prefix()}{_segment(day, 'day')}/{_segment(user, 'user')}"
 
     # -- malformed values -----------------------------------------------------------------------------
     def quarantine(self, key: str) -> str:

@@ -163,7 +163,11 @@ class EmbeddedHub:
     def config_text(self) -> str:
         """``jupyterhub_config.py`` for this platform (rewritten at every start)."""
         proxy = proxy_command()
-        server_args = [f"--gateway-url={self.gateway_url}", "--GatewayClient.request_timeout=120"]
+        server_args = [
+            f"--gateway-url={self.gateway_url}",
+            "--GatewayClient.request_timeout=120",
+            "--GatewayClient.allowed_envs=JPY_SESSION_NAME",  # the notebook's path, for the operator dashboard
+        ]
         if os.geteuid() == 0:
             server_args.append("--allow-root")
         lines = [

@@ -436,6 +436,8 @@ class EmbeddedPlatform:
             f"--ServerApp.root_dir={opts.notebook_dir.resolve()}",
             f"--gateway-url={self.gateway_url}",
             "--GatewayClient.request_timeout=120",
+            # The notebook's path goes with its kernel's start: the operator dashboard shows which notebook it is.
+            "--GatewayClient.allowed_envs=JPY_SESSION_NAME",
             "--allow-root",
         ]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,50 @@ def nvml_devices() -> list[GpuDevice]:
     except pynvml.NVMLError as err:
         log.warning("NVML found a driver but could not list its GPUs (%s): using simulated GPUs", err)
         return []
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """What NVML says one real GPU is doing now: its utilisation over the driver's last sample period (about
+    1/6 s to 1 s) and its memory."""
+
+    uuid: str
+    utilization_percent: int
+    memory_used_bytes: int
+    memory_total_bytes: int
+
+
+def nvml_readings(uuids: Collection[str]) -> dict[str, GpuReading]:
+    """Utilisation and memory of this machine's real GPUs with these UUIDs, by UUID.
+
+    Empty where there is no NVML (simulated GPUs have none to read); a GPU NVML cannot read is left out.
+    """
+    if not uuids:
+        return {}
+    try:
+        import pynvml
+    except ImportError:
+        return {}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as err:
+        log.debug("NVML unavailable (%s): no GPU readings", err)
+        return {}
+    readings = {}
+    try:
+        for uuid in uuids:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid.encode() if isinstance(uuid, str) else uuid)
+                rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
+                memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            except pynvml.NVMLError as err:
+                log.debug("NVML could not read GPU %s: %s", uuid, err)
+                continue
+            readings[uuid] = GpuReading(uuid, int(rates.gpu), int(memory.used), int(memory.total))
+        return readings
     finally:
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()

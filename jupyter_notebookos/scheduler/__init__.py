@@ -32,7 +32,7 @@ Protocol for callers:
   Doing so keeps the queue FIFO-fair (per kernel in order, round-robin across kernels): a new request can
   then only take GPUs no waiting cell could use.
 * Replicas and hosts: ``replica_lost`` (places a replacement), ``replica_added``, ``place_missing_replicas``,
-  ``add_host``, ``remove_host`` (its replicas are lost), ``cordon_host``, ``drain_host``,
+  ``add_host``, ``remove_host`` (its replicas are lost), ``cordon_host``, ``drain_host``, ``undrain_host``,
   ``request_migration`` (REST), ``migration_finished``.
 * ``autoscale(now, hosts_provisioning)`` -> ``ScalingDecision``: add ``add_hosts`` hosts; drained hosts in
   ``remove`` can be removed now (``remove_host``); ``migrations`` must be run like any other.

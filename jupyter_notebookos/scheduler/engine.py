@@ -415,6 +415,15 @@ class Scheduler(SchedulerKnobs):
         self.model.set_cordoned(host, cordoned)
         return HostChanged(name, "cordoned" if cordoned else "uncordoned", f"{len(host.replicas)} replicas stay")
 
+    def undrain_host(self, name: str, now: float) -> HostChanged | Ignored:
+        """Put a draining host back in service (an admin's undo of :meth:`drain_host`); its replicas stay."""
+        host = self.model.hosts.get(name)
+        if host is None:
+            return Ignored("undrain host", f"unknown host {name}")
+        self.model.set_draining(host, False)
+        self._tick(now)
+        return HostChanged(name, "back in service", f"{len(host.replicas)} replicas on it")
+
     def drain_host(self, name: str, now: float) -> DrainPlan | Ignored:
         """Empty a host by migration; replicas running a cell are listed as stuck (drain again later)."""
         host = self.model.hosts.get(name)

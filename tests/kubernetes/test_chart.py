@@ -6,6 +6,7 @@ import base64
 import fnmatch
 import json
 import tomllib
+from pathlib import Path
 from typing import Any
 
 import helm_python as helm
@@ -14,11 +15,13 @@ import yaml
 from cryptography import x509
 from fakekube import KUBE_VERSION, restricted_violations, validate_strict
 from helmchart import CHART, by_kind, gateway_config, render
+from jupyter_client.kernelspec import KernelSpecManager
 
 from jupyter_notebookos.launchers.base import ReplicaSpec
 from jupyter_notebookos.launchers.kubernetes.launcher import KubernetesLauncher
 from jupyter_notebookos.launchers.kubernetes.placeholders import PlaceholderPool
 
+REPO_KERNELSPECS = CHART.parents[1] / "kernelspecs"
 GPU_VALUES = yaml.safe_load((CHART / "values-gpu-cluster.yaml").read_text())
 EXTERNAL_PLAIN = {"etcd": {"enabled": False, "external": {"endpoints": ["etcd.infra:2379"]}}}
 SEPARATE_NAMESPACES = {
@@ -118,20 +121,95 @@ def test_scheduler_values_reach_the_scheduler_traitlets() -> None:
     )
 
 
-def test_kernelspec_config_map_is_the_notebookos_kernelspec() -> None:
+def test_the_chart_ships_every_notebookos_kernelspec_of_the_repository_with_its_logos() -> None:
+    """kernelspecs/python3-notebookos, -2gpus and -4gpus, each a ConfigMap mounted at share/kernels/<name>: the same
+    display name, GPUs per cell and process proxy as the repository's kernel.json, and its logos byte for byte."""
     docs = render(None)
-    (config_map,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("kernelspec")]
-    spec = json.loads(config_map["data"]["kernel.json"])
-    assert spec["display_name"] == "Python 3 (NotebookOS)"
-    assert spec["metadata"]["process_proxy"]["class_name"].endswith("NotebookOSProcessProxy")
-    assert spec["env"]["KERNEL_GPUS"] == "1"
+    maps = {
+        d["metadata"]["labels"]["notebookos.io/kernelspec"]: d
+        for d in by_kind(docs, "ConfigMap")
+        if d["metadata"]["labels"].get("app.kubernetes.io/component") == "kernelspec"
+    }
+    repository = sorted(p.parent for p in REPO_KERNELSPECS.glob("*/kernel.json"))
+    assert (
+        sorted(maps)
+        == [d.name for d in repository]
+        == [
+            "python3-notebookos",
+            "python3-notebookos-2gpus",
+            "python3-notebookos-4gpus",
+        ]
+    )
     (deployment,) = by_kind(docs, "Deployment")
-    mounts = deployment["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
-    assert {
-        "name": "kernelspec",
-        "mountPath": "/etc/notebookos/share/kernels/python3-notebookos",
-        "readOnly": True,
-    } in mounts
+    pod = deployment["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for directory in repository:
+        ours, config_map = json.loads((directory / "kernel.json").read_text()), maps[directory.name]
+        spec = json.loads(config_map["data"]["kernel.json"])
+        assert spec["display_name"] == ours["display_name"]
+        assert spec["env"]["KERNEL_GPUS"] == ours["env"].get("KERNEL_GPUS", "1")  # 1: the default per cell
+        assert spec["metadata"]["process_proxy"]["class_name"] == ours["metadata"]["process_proxy"]["class_name"]
+        assert spec["metadata"]["process_proxy"]["config"]["replicas"] == 3
+        assert spec["metadata"]["process_proxy"]["config"]["image_name"].endswith("/notebookos/kernel:0.1.0")
+        for logo in ("logo-32x32.png", "logo-64x64.png", "logo-svg.svg"):
+            assert base64.b64decode(config_map["binaryData"][logo]) == (directory / logo).read_bytes(), logo
+        (volume,) = [
+            n for n, v in volumes.items() if v.get("configMap", {}).get("name") == config_map["metadata"]["name"]
+        ]
+        assert mounts[volume] == {
+            "name": volume,
+            "mountPath": f"/etc/notebookos/share/kernels/{directory.name}",
+            "readOnly": True,
+        }
+
+
+def test_the_gateway_offers_exactly_the_charts_kernelspecs_and_their_logos(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ConfigMaps written out as the gateway's pod mounts them, and EG_ALLOWED_KERNELS as the chart sets it: the
+    gateway offers the three NotebookOS kernelspecs with their logos, and not the image's plain python3 (which would
+    run inside the gateway's pod: Enterprise Gateway 3.3 itself ignores the variable)."""
+    from jupyter_notebookos.gateway.web.gatewayapp import NotebookOSGatewayApp
+
+    docs = render(None)
+    (deployment,) = by_kind(docs, "Deployment")
+    env = _env(deployment["spec"]["template"]["spec"]["containers"][0])
+    for config_map in by_kind(docs, "ConfigMap"):
+        if config_map["metadata"]["labels"].get("app.kubernetes.io/component") != "kernelspec":
+            continue
+        directory = tmp_path / "share" / "kernels" / config_map["metadata"]["labels"]["notebookos.io/kernelspec"]
+        directory.mkdir(parents=True)
+        for name, text in config_map["data"].items():
+            (directory / name).write_text(text)
+        for name, data in config_map["binaryData"].items():
+            (directory / name).write_bytes(base64.b64decode(data))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "share"))
+    monkeypatch.setenv("EG_ALLOWED_KERNELS", env["EG_ALLOWED_KERNELS"])
+    monkeypatch.setenv("NOTEBOOKOS_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("NOTEBOOKOS_ETCD_AUTH", "0")
+    monkeypatch.setenv("NOTEBOOKOS_ETCD_ENDPOINTS", "127.0.0.1:2379")  # never dialled: the platform is not started
+    app = NotebookOSGatewayApp()
+    app.init_configurables()
+    specs = app.kernel_spec_manager.get_all_specs()
+    assert sorted(specs) == ["python3-notebookos", "python3-notebookos-2gpus", "python3-notebookos-4gpus"]
+    assert "python3" in KernelSpecManager().find_kernel_specs()  # installed, and not offered
+    assert specs["python3-notebookos-4gpus"]["spec"]["display_name"] == "Python 3 (NotebookOS, 4 GPUs)"
+    assert all(Path(s["resource_dir"], "logo-64x64.png").is_file() for s in specs.values())
+    assert app.default_kernel_name == "python3-notebookos"
+
+
+def test_more_gpu_kernelspecs_can_be_left_out_or_renamed() -> None:
+    only = render({"kernelspec": {"moreGpus": []}})
+    (deployment,) = by_kind(only, "Deployment")
+    assert _env(deployment["spec"]["template"]["spec"]["containers"][0])["EG_ALLOWED_KERNELS"] == "python3-notebookos"
+    assert [d["metadata"]["name"] for d in by_kind(only, "ConfigMap") if "kernelspec" in d["metadata"]["name"]] == [
+        "nbos-notebookos-kernelspec"
+    ]
+    eight = render({"kernelspec": {"moreGpus": [{"name": "py-8", "displayName": "Python (8 GPUs)", "gpus": 8}]}})
+    (config_map,) = [d for d in by_kind(eight, "ConfigMap") if d["metadata"]["name"].endswith("kernelspec-py-8")]
+    assert json.loads(config_map["data"]["kernel.json"])["env"] == {"KERNEL_GPUS": "8"}
+    assert config_map["binaryData"]["logo-64x64.png"]  # a name with no logos of its own gets NotebookOS's
 
 
 def test_object_store_is_a_claim_or_s3_with_a_secret() -> None:
@@ -171,6 +249,8 @@ def test_placeholder_priority_class_triggers_scale_up() -> None:
     [
         ({"etcd": {"enabled": False}}, "etcd.external.endpoints is required"),
         ({"objectStore": {"type": "s3"}}, "objectStore.s3.url is required"),
+        ({"kernelspec": {"moreGpus": [{"name": "py-0", "displayName": "P", "gpus": 0}]}}, "py-0 asks for 0 GPUs"),
+        ({"kernelspec": {"moreGpus": [{"gpus": 2}]}}, "each entry needs a name and a displayName"),
     ],
 )
 def test_inconsistent_values_fail_with_a_message(values: dict[str, Any], message: str) -> None:
@@ -218,7 +298,7 @@ def test_default_install_is_closed_a_generated_token_and_only_the_notebookos_ker
     assert env["EG_AUTH_TOKEN"] == {"secretKeyRef": {"name": "nbos-notebookos-gateway-token", "key": "token"}}
     token = base64.b64decode(_secret(docs, "nbos-notebookos-gateway-token")["data"]["token"])
     assert len(token) >= 32
-    assert env["EG_ALLOWED_KERNELS"] == "python3-notebookos"
+    assert env["EG_ALLOWED_KERNELS"] == "python3-notebookos,python3-notebookos-2gpus,python3-notebookos-4gpus"
     # A token given by the deployer is used, and none is generated.
     docs = render({"gateway": {"authTokenSecret": "mine"}})
     assert "nbos-notebookos-gateway-token" not in {d["metadata"]["name"] for d in by_kind(docs, "Secret")}

@@ -84,6 +84,20 @@ def test_drain_lists_busy_replicas_as_stuck() -> None:
     assert len(again.migrations) == 1 and again.migrations[0].target == "host-3"  # type: ignore[union-attr]
 
 
+def test_an_undrained_host_takes_replicas_and_cells_again() -> None:
+    s = cluster(3, gpus=1)
+    s.drain_host("host-2", now=0.0)
+    assert s.host("host-2").draining  # type: ignore[union-attr]
+    refused = s.start_kernel("k1", 1, now=1.0)  # three replicas need three hosts that take them
+    assert not isinstance(refused, Placement)
+    back = s.undrain_host("host-2", now=2.0)
+    assert str(back) == "host host-2 back in service: 0 replicas on it"
+    assert not s.host("host-2").draining  # type: ignore[union-attr]
+    placed = s.start_kernel("k2", 1, now=3.0)
+    assert isinstance(placed, Placement) and "host-2" in {r.host for r in placed.replicas}
+    assert "unknown host nowhere" in str(s.undrain_host("nowhere", now=4.0))
+
+
 def test_explicit_migration_validates_the_target() -> None:
     s = cluster(5, gpus=1, subscription_ratio_cap=1.0)
     s.start_kernel("k1", 1, now=0.0)  # host-0, host-1, host-2

@@ -134,3 +134,30 @@ prometheus.io/port: {{ .port | quote }}
 {{- $mode := toString .Values.etcd.tls.certManager -}}
 {{- if or (eq $mode "true") (and (eq $mode "auto") (.Capabilities.APIVersions.Has "cert-manager.io/v1")) -}}true{{- end -}}
 {{- end -}}
+
+{{/* The kernelspecs the chart offers, as YAML {specs: [{name, displayName, gpus, configMap, logos}]}: the NotebookOS
+kernelspec (kernelspec.name, GPUs per cell: scheduler.gpus_per_cell_default) first, then kernelspec.moreGpus. Each
+is a ConfigMap mounted into the gateway at share/kernels/<name>; its logos come from the chart's kernelspecs/<name>/,
+else from kernelspecs/python3-notebookos/. */}}
+{{- define "notebookos.kernelspecs" -}}
+{{- $fullname := include "notebookos.fullname" . -}}
+{{- $specs := list (dict "name" .Values.kernelspec.name "displayName" .Values.kernelspec.displayName "gpus" .Values.scheduler.gpus_per_cell_default "configMap" (printf "%s-kernelspec" $fullname)) -}}
+{{- range .Values.kernelspec.moreGpus -}}
+{{- if or (not .name) (not .displayName) -}}
+{{- fail "kernelspec.moreGpus: each entry needs a name and a displayName" -}}
+{{- end -}}
+{{- if lt (int .gpus) 1 -}}
+{{- fail (printf "kernelspec.moreGpus: %s asks for %v GPUs per cell; give 1 or more" .name .gpus) -}}
+{{- end -}}
+{{- $specs = append $specs (dict "name" .name "displayName" .displayName "gpus" .gpus "configMap" (printf "%s-kernelspec-%s" $fullname .name)) -}}
+{{- end -}}
+{{- $out := list -}}
+{{- range $specs -}}
+{{- $logos := printf "kernelspecs/%s" .name -}}
+{{- if not ($.Files.Glob (printf "%s/logo-64x64.png" $logos)) -}}
+{{- $logos = "kernelspecs/python3-notebookos" -}}
+{{- end -}}
+{{- $out = append $out (set . "logos" $logos) -}}
+{{- end -}}
+{{- toYaml (dict "specs" $out) -}}
+{{- end -}}

@@ -357,7 +357,8 @@ class GatewayPlatform:
                         "key": key.decode(),
                         "signature_scheme": signature_scheme,
                         "started_at": record.started_at,
-                        "env": {k: v for k, v in env.items() if k.startswith("KERNEL_")},
+                        # KERNEL_* and the notebook's path (JPY_SESSION_NAME), for the dashboard after a restart.
+                        "env": {k: v for k, v in env.items() if k.startswith("KERNEL_") or k == "JPY_SESSION_NAME"},
                         "config": record.config,
                         "launch_timeout": launch_timeout,
                         # Only the gateway's admin user can read this record (the kernel's role covers its

@@ -93,7 +93,8 @@ class PlatformViews:
                 }
             )
         summary = router.summary()
-        held = record.gpus * (time.time() - record.started_at)
+        since_start = time.time() - record.started_at
+        held = record.gpus * since_start
         scheduled = self.scheduler.kernel(kernel_id)
         waiting = list(scheduled.queued) if scheduled is not None else []
         cell = scheduled.running if scheduled is not None else None
@@ -116,6 +117,12 @@ class PlatformViews:
             "queued": summary["queued"],
             "running": summary["running"],
             "gpu_seconds_used": summary["gpu_seconds_used"],
+            "gpu_seconds_running": summary["gpu_seconds_running"],
+            # Seconds since the kernel's last cell ended (since its start if none ran); None while a cell runs or waits.
+            "idle_seconds": _idle_seconds(state, summary["idle_seconds"], summary["cells"], since_start),
+            # Where the kernel's state lives: "resident" (its replicas hold it in memory). Hibernation (state in the
+            # object store, no replica running, woken by the next cell) is not built yet; it will say "hibernated".
+            "residency": "resident",
             # How clients' shell messages reached the router: in-process from this gateway's websocket, or over ZMQ.
             "client_shell_messages": summary["client_shell_messages"],
             # Messages the router handed to this gateway's websocket connections in-process (not over ZMQ).
@@ -138,3 +145,11 @@ class PlatformViews:
         self.metrics.kernels.set(len(snapshot["kernels"]))
         self.metrics.queued_cells.set(len(snapshot["queue"]))
         self.metrics.gpu_seconds_reserved.set(sum(k["gpu_seconds_held_if_reserved"] for k in snapshot["kernels"]))
+
+
+def _idle_seconds(state: str, since_last_cell: float | None, cells: int, since_start: float) -> float | None:
+    if state != "idle":
+        return None
+    if since_last_cell is not None:
+        return since_last_cell
+    return round(max(0.0, since_start), 3) if cells == 0 else None

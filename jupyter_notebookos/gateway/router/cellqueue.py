@@ -123,6 +123,7 @@ class CellQueue:
         self._adopted: list[PendingCell] = []  # running when a previous gateway died
         self._cells_run = 0
         self._gpu_seconds = 0.0
+        self._last_cell_ended: float | None = None  # time.monotonic() of the last cell's end: the kernel's idle time
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -144,11 +145,19 @@ class CellQueue:
 
     def summary(self) -> dict[str, Any]:
         """The queue's part of the router's summary."""
+        now = time.monotonic()
+        running = self._running
+        busy = running is not None or self._waiting is not None or self._queue.qsize() > 0
+        held = len(running.grant.devices) if running is not None and running.grant is not None else 0
         return {
             "cells": self._cells_run,
             "queued": self._queue.qsize(),
-            "running": self._running.request.msg_id if self._running else None,
+            "running": running.request.msg_id if running else None,
             "gpu_seconds_used": round(self._gpu_seconds, 3),
+            # The running cell's GPU-seconds so far (they join gpu_seconds_used when it ends).
+            "gpu_seconds_running": round((now - running.started) * held, 3) if running and running.started else 0.0,
+            # Seconds since the last cell ended (None: no cell ended yet, or one runs or waits now).
+            "idle_seconds": None if busy or self._last_cell_ended is None else round(now - self._last_cell_ended, 3),
         }
 
     # -- arrivals -----------------------------------------------------------------------------------
@@ -405,7 +414,8 @@ class CellQueue:
         finally:
             self._running = None
             self.planner.release(self.kernel_id, msg_id)
-            self._gpu_seconds += (time.monotonic() - cell.started) * len(grant.devices)
+            ended = self._last_cell_ended = time.monotonic()
+            self._gpu_seconds += (ended - cell.started) * len(grant.devices)
             self._commit.release_entries(msg_id, cell.seq, cell.entries)
 
     # -- what replicas say --------------------------------------------------------------------------

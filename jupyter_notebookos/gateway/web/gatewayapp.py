@@ -32,15 +32,19 @@ from tornado import ioloop
 from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default, validate
 
 from jupyter_notebookos.coordination.client import Coordinator, EtcdCredentials, EtcdTls
+from jupyter_notebookos.coordination.errors import CoordinationError
 from jupyter_notebookos.embedded import ports
 from jupyter_notebookos.gateway.control.gatewayplatform import GatewayPlatform
+from jupyter_notebookos.gateway.control.history import ClusterHistory
 from jupyter_notebookos.gateway.control.objectbroker import broker_handlers
 from jupyter_notebookos.gateway.control.platformsettings import PlatformSettings
+from jupyter_notebookos.gateway.control.readings import MachineReadings, host_gpu_uuids
 from jupyter_notebookos.gateway.control.rejoin import DEFAULT_REJOIN_GRACE
 from jupyter_notebookos.gateway.upkeep.defrag import EtcdMaintenance
 from jupyter_notebookos.gateway.upkeep.reconcile import DEFAULT_RECONCILE_INTERVAL
 from jupyter_notebookos.gateway.web import dates
-from jupyter_notebookos.gateway.web.authorization import with_identity
+from jupyter_notebookos.gateway.web.authorization import ENV_KERNEL_OWNER, with_identity
+from jupyter_notebookos.gateway.web.dashboard.notebooks import ENV_SESSION_NAME
 from jupyter_notebookos.gateway.web.handlers import notebookos_handlers
 from jupyter_notebookos.gateway.web.identity import Identities, IdentityConfig, IdentityConfigError
 from jupyter_notebookos.launchers.local import LocalLauncher
@@ -65,7 +69,21 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
 
     name = "notebookos-gateway"
     description = "NotebookOS: GPU-efficient replicated notebook kernels on Jupyter Enterprise Gateway"
-    classes = [*EnterpriseGatewayApp.classes, Scheduler, LocalLauncher, SimulatedHostProvisioner, EtcdMaintenance]
+    classes = [
+        *EnterpriseGatewayApp.classes,
+        Scheduler,
+        LocalLauncher,
+        SimulatedHostProvisioner,
+        EtcdMaintenance,
+        ClusterHistory,
+    ]
+
+    @default("client_envs")
+    def _client_envs_default(self) -> list[str]:
+        # EG's default (EG_CLIENT_ENVS), and the notebook's path that Jupyter servers send when their
+        # GatewayClient.allowed_envs names it: the dashboard shows it, ipykernel names __session__ after it.
+        given = os.getenv("EG_CLIENT_ENVS", os.getenv("EG_ENV_WHITELIST", ""))
+        return [name for name in given.split(",") if name] + [ENV_SESSION_NAME]
 
     etcd_endpoints = List(
         Unicode(),
@@ -345,6 +363,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
 
     node_hosts: Any = None  # Kubernetes: the GPU nodes as hosts (gateway.nodes.NodeHosts)
     etcd_maintenance: EtcdMaintenance | None = None
+    history: ClusterHistory | None = None  # the dashboard's history and GPU-hours per user (built with the web app)
     identities: Identities | None = None  # who is asking (admin token, token file, JupyterHub, metrics token)
 
     def init_identities(self) -> None:
@@ -365,6 +384,7 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         self.log.setLevel(self.log_level)
         dates.install()
         self.init_identities()
+        self._allow_only_listed_kernels()
         super().init_configurables()
         # The autoscaler thinks in hosts of the embedded mode's size unless configured otherwise.
         sized_hosts: dict[str, Any] = {}
@@ -386,6 +406,15 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
             provisioner=SimulatedHostProvisioner(parent=self, existing=self.simulated_hosts, **sized),
             log=self.log,
         )
+
+    def _allow_only_listed_kernels(self) -> None:
+        """``EG_ALLOWED_KERNELS`` (the kernelspecs users may start, comma-separated; the helm chart sets it) as
+        ``KernelSpecManager.whitelist``, unless that is configured itself. Enterprise Gateway 3.3 does not read the
+        variable (its container's start script did), so without this every installed kernelspec would be offered,
+        the image's plain ``python3`` too, which runs inside the gateway's own pod."""
+        allowed = {name.strip() for name in os.environ.get("EG_ALLOWED_KERNELS", "").split(",") if name.strip()}
+        if allowed and "whitelist" not in self.config.get("KernelSpecManager", {}):
+            self.config.KernelSpecManager.whitelist = allowed
 
     def _platform_settings(self, *, simulated_hosts: int) -> PlatformSettings:
         """The platform's configuration, from this app's traitlets; one it cannot be built from ends the gateway
@@ -447,6 +476,9 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
             self.log.info("NotebookOS on Kubernetes: %d GPU node(s) as hosts", len(self.platform.hosts))
         await self.platform.start()
         assert self.platform.coordinator is not None
+        if self.history is not None:
+            await self.history.load()
+            self.history.start()
         self.etcd_maintenance = EtcdMaintenance(self.platform.coordinator, self._connect_etcd_member, parent=self)
         self.etcd_maintenance.start()
 
@@ -464,6 +496,11 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
         """Stop the platform, then the node and pod watches (replica pods keep running)."""
         if self.etcd_maintenance is not None:
             await self.etcd_maintenance.stop()
+        if self.history is not None:
+            try:
+                await self.history.stop()  # its last GPU-seconds written before the kernels stop
+            except CoordinationError as err:
+                self.log.warning("the last GPU-seconds per user could not be written to etcd: %s", err)
         await self.platform.stop(stop_kernels=self.stop_kernels_on_shutdown)
         if self.node_hosts is not None:
             await self.node_hosts.stop()
@@ -487,7 +524,15 @@ class NotebookOSGatewayApp(IdentityConfig, EnterpriseGatewayApp):
 
     def init_webapp(self) -> None:
         super().init_webapp()
+        readings = MachineReadings(local=self.launcher != "kubernetes", host_gpus=host_gpu_uuids(self.platform.hosts))
+        self.history = ClusterHistory(
+            self.platform,
+            owner_of=lambda record: record.env.get(ENV_KERNEL_OWNER, ""),
+            readings=readings,
+            parent=self,
+        )
         self.web_app.settings["notebookos_platform"] = self.platform
+        self.web_app.settings["notebookos_history"] = self.history
         self.web_app.settings["notebookos_identities"] = self.identities
 
     def start(self) -> None:

@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import psutil
 from enterprise_gateway.mixins import CORSMixin, JSONErrorsMixin
 from jupyter_server.base.handlers import APIHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 
+from jupyter_notebookos.gateway.control.draining import DrainRequestError, drain_host, undrain_host
+from jupyter_notebookos.gateway.control.readings import process_memory
 from jupyter_notebookos.gateway.web.authorization import IdentifiedHandlerMixin, cluster_view, kernel_owner
 from jupyter_notebookos.gateway.web.dashboard import cluster_totals, dashboard_handlers
+from jupyter_notebookos.gateway.web.dashboard.notebooks import add_notebooks, kernel_env, notebook_of, session_paths
 
 
 class _NotebookOSHandler(IdentifiedHandlerMixin, CORSMixin, JSONErrorsMixin, APIHandler):
@@ -27,6 +29,11 @@ class _NotebookOSHandler(IdentifiedHandlerMixin, CORSMixin, JSONErrorsMixin, API
     def platform(self) -> Any:
         """The gateway's :class:`~jupyter_notebookos.gateway.control.gatewayplatform.GatewayPlatform`."""
         return self.settings["notebookos_platform"]
+
+    @property
+    def history(self) -> Any:
+        """The gateway's :class:`~jupyter_notebookos.gateway.control.history.ClusterHistory` (None: not kept)."""
+        return self.settings.get("notebookos_history")
 
     def write_json(self, payload: object, status: int = 200) -> None:
         """Finish the request with ``payload`` as JSON."""
@@ -41,6 +48,9 @@ class ClusterHandler(_NotebookOSHandler):
     async def get(self) -> None:
         assert self.identity is not None
         snapshot = self.platform.views.cluster_snapshot()
+        if self.history is not None:
+            self.history.annotate(snapshot)
+        await add_notebooks(snapshot, self.settings)
         view = cluster_view(snapshot, self.identity, lambda kernel_id: kernel_owner(self.settings, kernel_id))
         view["totals"] = cluster_totals(view, unowned="(admin)" if self.identity.is_admin else "(other users)")
         self.write_json(view)
@@ -93,6 +103,10 @@ class KernelHandler(_NotebookOSHandler):
         summary = self.platform.views.kernel_summary(kernel_id)
         summary["owner"] = kernel_owner(self.settings, kernel_id) or None  # None: the admin's
         add_memory(summary)
+        if self.history is not None:
+            self.history.annotate_kernel(summary)
+        paths = await session_paths(self.settings)
+        summary.update(notebook_of(kernel_env(self.settings, kernel_id), paths.get(kernel_id)))
         self.write_json(summary)
 
 
@@ -101,18 +115,17 @@ def add_memory(summary: dict[str, Any]) -> None:
 
     An idle NotebookOS kernel holds no GPU (GPUs are bound only while a cell runs), so its replicas' memory is its
     cost, and what an idle-culling timeout weighs. Known for replicas that are processes of this machine (the
-    embedded mode); ``None`` for pods, whose memory the gateway does not see (the cluster's metrics do).
+    embedded mode; with the processes they started); ``None`` for pods, whose memory the gateway does not see (the
+    cluster's metrics do).
     """
     total: int | None = None
     for replica in summary["replicas"]:
         replica["memory_bytes"] = None
         if replica.get("pod") or not replica.get("pid"):
             continue
-        try:
-            replica["memory_bytes"] = int(psutil.Process(replica["pid"]).memory_info().rss)
-        except psutil.Error:
-            continue
-        total = (total or 0) + replica["memory_bytes"]
+        replica["memory_bytes"] = process_memory(replica["pid"])
+        if replica["memory_bytes"] is not None:
+            total = (total or 0) + replica["memory_bytes"]
     summary["memory_bytes"] = total
 
 
@@ -138,12 +151,61 @@ class MigrateHandler(_NotebookOSHandler):
         self.write_json(result)
 
 
+HISTORY_ADMIN_ONLY = "the cluster's history (GPU-hours of every user) is for the gateway's admin"
+HOSTS_ADMIN_ONLY = "draining a host or putting it back in service is for the gateway's admin"
+
+
+class HistoryHandler(_NotebookOSHandler):
+    """``GET /api/notebookos/history?since=T``: the samples after Unix time T (0: all the gateway keeps) and
+    GPU-hours per user and day; the admin's."""
+
+    admin_only = HISTORY_ADMIN_ONLY
+
+    async def get(self) -> None:
+        raw = self.get_query_argument("since", "0")
+        try:
+            since = float(raw)
+        except ValueError:
+            raise web.HTTPError(400, f"since={raw!r} is not a Unix time in seconds") from None
+        if self.history is None:
+            raise web.HTTPError(404, "this gateway keeps no history (ClusterHistory.interval is 0)")
+        self.write_json(self.history.snapshot(since))
+
+
+class DrainHandler(_NotebookOSHandler):
+    """``POST /api/notebookos/hosts/{host}/drain``: move every replica off the host, now; the admin's. Answers what
+    moved, what failed to move and what cannot move yet (a replica running a cell: drain again later)."""
+
+    admin_only = HOSTS_ADMIN_ONLY
+
+    async def post(self, host: str) -> None:
+        try:
+            self.write_json(await drain_host(self.platform, host))
+        except DrainRequestError as err:
+            raise web.HTTPError(err.status, str(err)) from None
+
+
+class UndrainHandler(_NotebookOSHandler):
+    """``POST /api/notebookos/hosts/{host}/undrain``: put a drained host back in service; the admin's."""
+
+    admin_only = HOSTS_ADMIN_ONLY
+
+    async def post(self, host: str) -> None:
+        try:
+            self.write_json(undrain_host(self.platform, host))
+        except DrainRequestError as err:
+            raise web.HTTPError(err.status, str(err)) from None
+
+
 def notebookos_handlers() -> list[tuple[str, type] | tuple[str, type, dict[str, Any]]]:
     """Our URL patterns (relative to ``base_url``) and their handlers (and the handler's options, if any)."""
     return [
         *dashboard_handlers(),
         (r"/api/notebookos/cluster", ClusterHandler),
         (r"/api/notebookos/events", EventsHandler),
+        (r"/api/notebookos/history", HistoryHandler),
+        (r"/api/notebookos/hosts/(?P<host>[^/]+)/drain", DrainHandler),
+        (r"/api/notebookos/hosts/(?P<host>[^/]+)/undrain", UndrainHandler),
         (r"/api/notebookos/kernels/(?P<kernel_id>[^/]+)", KernelHandler),
         (r"/api/notebookos/kernels/(?P<kernel_id>[^/]+)/replicas/(?P<replica_id>[^/]+)/migrate", MigrateHandler),
         (r"/metrics", MetricsHandler),
